@@ -1,0 +1,282 @@
+//! The lock primitive every store implements, and the types it speaks in.
+//!
+//! A [`Backend`] is a handle on a store. The campaign engine uses it in three layers:
+//!
+//! 1. A [`Session`] is the liveness of this process in the store: an etcd lease, a Consul
+//!    session, a ZooKeeper session, or a Redis/memcached key TTL refreshed by us. It is opened
+//!    with a ttl, kept alive by the backend itself (one keep-alive per session, however many
+//!    elections use it), and reports through [`Session::health`] when its last renewal was
+//!    confirmed, and when it is lost. A backend may hand the same underlying session to many
+//!    elections: closing one handle closes the store's session only when the last user is done.
+//! 2. A [`Contender`] is one session's claim on one election. [`Contender::acquire`] tries to
+//!    take the lock (or joins the queue, for stores with ordered candidates), [`Contender::wait`]
+//!    sleeps until another attempt can succeed, using the store's own notification, and
+//!    [`Contender::lost`] resolves when a held lock is taken away.
+//! 3. An [`Observer`] follows who holds an election, for followers and for bystanders.
+//!
+//! The campaign knows nothing of the store's wire format; the backend knows nothing of terms,
+//! events or callbacks. The contract below is what the campaign relies on for its promises:
+//! read it before writing a backend.
+
+pub mod keepalive;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::Result;
+
+/// A number that is strictly greater for every new term of an election than for any earlier term.
+///
+/// Pass it with every write your leader makes to a downstream system, and have that system
+/// reject writes whose token is lower than the highest it has seen. Where each store's token
+/// comes from is documented on its backend.
+pub type FencingToken = u64;
+
+/// Who a candidate is, as other candidates and observers see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// A human-readable identity, unique among the candidates, e.g. `"host-a:8080"`.
+    pub id: String,
+    /// Free-form metadata others can read, e.g. an address to send writes to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The holder of an election, as read from the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leader {
+    /// The leader's identity and metadata.
+    #[serde(flatten)]
+    pub candidate: Candidate,
+    /// The fencing token of the leader's term, where the store exposes it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub fencing_token: Option<FencingToken>,
+    /// When the leader says its term began, in milliseconds since the Unix epoch.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub since_unix_ms: Option<u64>,
+}
+
+impl Leader {
+    /// Encodes this leader as the JSON value backends store under the election's key.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing a struct of strings and integers into a Vec cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes a stored value. A value another program wrote (not JSON of this shape) is kept
+    /// as the identity, so observers still see something useful.
+    pub fn from_bytes(bytes: &[u8]) -> Leader {
+        serde_json::from_slice(bytes).unwrap_or_else(|_| Leader {
+            candidate: Candidate {
+                id: String::from_utf8_lossy(bytes).into_owned(),
+                metadata: BTreeMap::new(),
+            },
+            fencing_token: None,
+            since_unix_ms: None,
+        })
+    }
+
+    /// When the term began, if the leader said so.
+    pub fn since(&self) -> Option<SystemTime> {
+        self.since_unix_ms
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// What a backend tells the campaign about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Short name for logs and metrics, e.g. `"etcd"`.
+    pub name: &'static str,
+    /// The smallest session ttl the store accepts.
+    pub min_ttl: Duration,
+    /// The largest session ttl the store accepts.
+    pub max_ttl: Duration,
+    /// How followers learn that the lock may be free.
+    pub wakeup: Wakeup,
+}
+
+/// How a backend's [`Contender::wait`] and [`Observer::next`] learn about changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wakeup {
+    /// The store pushes changes (a watch, a blocking query, a kernel lock queue): no polling.
+    Push,
+    /// The store has no notification; the backend polls at about this interval, with jitter.
+    Poll(Duration),
+}
+
+/// How a session should be opened. Backends that share sessions share them between
+/// elections whose options are equal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SessionOptions {
+    /// How long the store keeps the session alive without a renewal.
+    pub ttl: Duration,
+    /// How often the backend renews the session.
+    pub renew_interval: Duration,
+    /// After this session is invalidated, how long the store keeps its locks from anyone,
+    /// where the store supports it (Consul's lock-delay). `None`: the store's default.
+    pub lock_delay: Option<Duration>,
+    /// A label for the session, shown by stores that name sessions.
+    pub name: String,
+}
+
+/// The liveness of a session, as a [`watch`] value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionHealth {
+    /// When the last renewal that the store confirmed was *sent*. The session cannot expire
+    /// in the store before this instant plus the ttl.
+    pub confirmed_sent_at: Instant,
+    /// Set once the session is gone for good; the session cannot recover.
+    pub lost: Option<SessionLoss>,
+    /// The last renewal error, cleared by the next confirmed renewal.
+    pub last_error: Option<String>,
+}
+
+/// Why a session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionLoss {
+    /// The store says the session (lease) no longer exists: it expired or was revoked.
+    Expired,
+    /// No renewal was confirmed within the ttl: the store has surely expired it by now.
+    Unconfirmed,
+    /// The session was closed by this process.
+    Closed,
+}
+
+/// The result of one [`Contender::acquire`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// We hold the lock. The token is greater than that of every earlier holder.
+    Won {
+        /// The fencing token of the new term.
+        fencing_token: FencingToken,
+    },
+    /// Another session holds the lock, or is ahead of us in the queue. Call
+    /// [`Contender::wait`] before trying again.
+    Held {
+        /// The current holder, if the store could say.
+        holder: Option<Leader>,
+    },
+    /// Nobody may acquire the lock before `until` (a lock-delay the store imposes after a
+    /// session was invalidated). The campaign sleeps until then; no [`Contender::wait`] needed.
+    Delayed {
+        /// When acquisition can succeed again.
+        until: Instant,
+    },
+}
+
+/// Why a held lock was lost, as [`Contender::lost`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockLoss {
+    /// The election's key was deleted (by an operator, or by the store).
+    Deleted,
+    /// Another session holds the lock now.
+    Taken,
+    /// The session behind the lock is gone.
+    SessionLost,
+}
+
+/// A handle on a coordination store: the lock primitive the campaign is built on.
+///
+/// Implementations are cheap to clone (an `Arc` inside) and safe to share between many
+/// elections and tasks.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// The store's session type.
+    type Session: Session;
+    /// The store's observer type.
+    type Observer: Observer;
+
+    /// Static facts about the backend.
+    fn info(&self) -> BackendInfo;
+
+    /// Opens a session (or joins a shared one with the same options) and starts keeping it
+    /// alive. Errors: [`Error::Unavailable`](crate::Error::Unavailable) when the store cannot
+    /// be reached (the campaign retries), [`Error::Unauthorized`](crate::Error::Unauthorized),
+    /// [`Error::InvalidTiming`](crate::Error::InvalidTiming) when the store rejects the ttl.
+    fn open_session(
+        &self,
+        options: &SessionOptions,
+    ) -> impl Future<Output = Result<Self::Session>> + Send;
+
+    /// Starts following the holder of `election`. The first [`Observer::next`] returns the
+    /// current holder at once.
+    fn observe(&self, election: &str) -> impl Future<Output = Result<Self::Observer>> + Send;
+}
+
+/// A live session in the store. See the [module docs](self).
+pub trait Session: Send + Sync + 'static {
+    /// The session's claim type.
+    type Contender: Contender;
+
+    /// An opaque identifier of the session, for logs (never a secret).
+    fn id(&self) -> String;
+
+    /// The session's liveness: when the last confirmed renewal was sent, and whether it is lost.
+    /// Once `lost` is set it stays set.
+    fn health(&self) -> watch::Receiver<SessionHealth>;
+
+    /// Prepares a claim on `election`, with `candidate` as the value others will read.
+    /// Nothing is written to the store yet.
+    fn contend(
+        &self,
+        election: &str,
+        candidate: &Candidate,
+    ) -> impl Future<Output = Result<Self::Contender>> + Send;
+
+    /// Ends this handle's use of the session. When no other election uses it, the store's
+    /// session is destroyed (lease revoked), releasing anything it still holds at once.
+    fn close(self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// One session's claim on one election.
+///
+/// Contract:
+/// - `acquire` is idempotent: calling it again while we hold the lock returns the same
+///   [`Attempt::Won`] token.
+/// - `wait` returns when another `acquire` may succeed: the holder (or our predecessor in the
+///   queue) went away or changed, or, for [`Wakeup::Poll`] backends, the poll interval passed.
+///   It may return spuriously; it must not return in a hot loop.
+/// - `lost` resolves only when the lock is definitely gone. Transient store errors are retried
+///   inside; the campaign's renew deadline covers a store that stays unreachable.
+/// - `release` gives up the lock (or leaves the queue) if we hold it; releasing what we do not
+///   hold is a no-op, never an error.
+/// - Dropping a contender without `release` leaves the lock to the session's expiry.
+pub trait Contender: Send + 'static {
+    /// Tries to take the lock. See [`Attempt`].
+    fn acquire(&mut self) -> impl Future<Output = Result<Attempt>> + Send;
+
+    /// Waits until another [`acquire`](Contender::acquire) may succeed.
+    fn wait(&mut self) -> impl Future<Output = Result<()>> + Send;
+
+    /// While the lock is held: resolves when it is lost, with why.
+    fn lost(&mut self) -> impl Future<Output = LockLoss> + Send;
+
+    /// Updates the value others read (identity and metadata) while holding the lock.
+    fn proclaim(&mut self, leader: &Leader) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives up the lock, or leaves the queue.
+    fn release(&mut self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Follows the holder of one election.
+pub trait Observer: Send + 'static {
+    /// The first call returns the current holder (`None`: nobody leads). Later calls wait for
+    /// a change and return the new holder; they may return the same holder again after a
+    /// reconnect, and never end silently: a broken watch is re-established inside, and an
+    /// error is returned only when the store cannot be reached.
+    fn next(&mut self) -> impl Future<Output = Result<Option<Leader>>> + Send;
+}

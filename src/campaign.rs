@@ -1,0 +1,813 @@
+//! The campaign: the one state machine, generic over the backend.
+//!
+//! ```text
+//!            ┌────────────┐ session open  ┌───────────┐  Won   ┌────────┐
+//!  start ──▶ │ Connecting │ ────────────▶ │ Candidate │ ─────▶ │ Leader │
+//!            └────────────┘               └───────────┘        └────────┘
+//!                  ▲                   Held │    ▲ wait()          │ lost / deadline /
+//!                  │ session lost           ▼    │ returns         │ resign / shutdown
+//!                  │                     ┌──────────┐              ▼
+//!                  └──────────────────── │ Follower │      cancel term, wait for guards
+//!                                        └──────────┘      (≤ grace), release, then
+//!                          CoolingDown ◀──────────────────  back-off or lock-delay
+//! ```
+//!
+//! Read [`Engine::run`] top to bottom: [`Engine::pursue`] is everything before winning,
+//! [`Engine::lead`] everything while leading, and the loop around them is re-election.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures_core::Stream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tracing::Instrument;
+
+use crate::backend::{
+    Attempt, Backend, Contender, FencingToken, Leader, Observer, Session, SessionHealth,
+    unix_ms_now,
+};
+use crate::config::Config;
+use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
+use crate::term::Term;
+use crate::{Error, Result, metrics};
+
+/// A running campaign for one election: a [`Stream`] of [`LeadershipEvent`]s, plus control.
+///
+/// Made by [`Election::campaign`](crate::Election::campaign). The campaign runs in a task of
+/// its own until [`shutdown`](Campaign::shutdown); dropping the `Campaign` shuts it down in the
+/// background (the worker is cancelled, the lock released, the session closed).
+/// [`handle`](Campaign::handle) gives a cloneable [`CampaignHandle`] for other tasks.
+///
+/// Events are never dropped: every subscriber has its own unbounded queue, so a slow
+/// subscriber never stalls the campaign (events are rare: a few per term).
+#[derive(Debug)]
+pub struct Campaign {
+    events: Events,
+    handle: CampaignHandle,
+}
+
+/// Control of a running campaign; cheap to clone. It does not keep the campaign alive.
+#[derive(Clone, Debug)]
+pub struct CampaignHandle {
+    shared: Arc<Shared>,
+}
+
+/// A stream of a campaign's [`LeadershipEvent`]s, from when it was subscribed. It ends when
+/// the campaign has stopped.
+#[derive(Debug)]
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<LeadershipEvent>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    commands: mpsc::UnboundedSender<Command>,
+    status: watch::Receiver<Status>,
+    subscribers: Subscribers,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Subscribers(Arc<Mutex<Vec<mpsc::UnboundedSender<LeadershipEvent>>>>);
+
+impl Subscribers {
+    fn add(&self) -> Events {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Ok(mut subs) = self.0.lock() {
+            subs.push(tx);
+        }
+        Events { rx }
+    }
+
+    fn send(&self, event: &LeadershipEvent) {
+        if let Ok(mut subs) = self.0.lock() {
+            subs.retain(|s| s.send(event.clone()).is_ok());
+        }
+    }
+
+    fn close(&self) {
+        if let Ok(mut subs) = self.0.lock() {
+            subs.clear();
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Command {
+    Resign {
+        reason: DemotionReason,
+        done: oneshot::Sender<()>,
+    },
+    Shutdown {
+        done: Option<oneshot::Sender<()>>,
+    },
+}
+
+impl Stream for Events {
+    type Item = LeadershipEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Events {
+    /// The next event, or `None` once the campaign has stopped.
+    pub async fn recv(&mut self) -> Option<LeadershipEvent> {
+        self.rx.recv().await
+    }
+}
+
+impl Stream for Campaign {
+    type Item = LeadershipEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.events).poll_next(cx)
+    }
+}
+
+impl Campaign {
+    /// The next event, or `None` once the campaign has stopped.
+    pub async fn recv(&mut self) -> Option<LeadershipEvent> {
+        self.events.recv().await
+    }
+
+    /// A cloneable handle for other tasks.
+    pub fn handle(&self) -> CampaignHandle {
+        self.handle.clone()
+    }
+
+    /// See [`CampaignHandle::status`].
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.handle.status()
+    }
+
+    /// See [`CampaignHandle::subscribe`].
+    pub fn subscribe(&self) -> Events {
+        self.handle.subscribe()
+    }
+
+    /// See [`CampaignHandle::resign`].
+    pub async fn resign(&self) -> Result<()> {
+        self.handle.resign().await
+    }
+
+    /// See [`CampaignHandle::shutdown`].
+    pub async fn shutdown(self) -> Result<()> {
+        self.handle.shutdown().await
+    }
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        let _ = self
+            .handle
+            .shared
+            .commands
+            .send(Command::Shutdown { done: None });
+    }
+}
+
+impl CampaignHandle {
+    /// The campaign's status, readable at any time and updated at every transition.
+    pub fn status(&self) -> watch::Receiver<Status> {
+        self.shared.status.clone()
+    }
+
+    /// Another stream of the campaign's events, from now on.
+    pub fn subscribe(&self) -> Events {
+        self.shared.subscribers.add()
+    }
+
+    /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
+    /// releases the lock, then campaigns again after the back-off, which gives the other
+    /// candidates the lock first. Returns once the lock is released. A candidate that does not
+    /// lead has nothing to give up: it returns at once. Errors with [`Error::Stopped`] if the
+    /// campaign has stopped.
+    pub async fn resign(&self) -> Result<()> {
+        self.resign_because(DemotionReason::Resigned).await
+    }
+
+    pub(crate) async fn resign_because(&self, reason: DemotionReason) -> Result<()> {
+        let (done, wait) = oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::Resign { reason, done })
+            .map_err(|_| Error::Stopped)?;
+        wait.await.map_err(|_| Error::Stopped)
+    }
+
+    /// Stops the campaign: cancels the term if leading, waits for its guards (at most the
+    /// grace), releases the lock, closes the session, and returns once all that is done.
+    /// Calling it on a stopped campaign returns at once.
+    pub async fn shutdown(&self) -> Result<()> {
+        let (done, wait) = oneshot::channel();
+        if self
+            .shared
+            .commands
+            .send(Command::Shutdown { done: Some(done) })
+            .is_ok()
+        {
+            let _ = wait.await;
+        }
+        Ok(())
+    }
+}
+
+/// Starts a campaign. `before_start` may subscribe to events before the first one is sent.
+pub(crate) fn spawn<B: Backend>(
+    backend: B,
+    config: Arc<Config>,
+    before_start: impl FnOnce(&CampaignHandle),
+) -> Campaign {
+    let (commands_tx, commands) = mpsc::unbounded_channel();
+    let (status, status_rx) = watch::channel(Status {
+        election: config.name.clone(),
+        candidate: config.candidate.clone(),
+        role: Role::Connecting,
+        leader: None,
+        term: None,
+        last_renewal: None,
+        renew_deadline_at: None,
+        problem: None,
+        last_demotion: None,
+    });
+    let subscribers = Subscribers::default();
+    let events = subscribers.add();
+    let handle = CampaignHandle {
+        shared: Arc::new(Shared {
+            commands: commands_tx,
+            status: status_rx,
+            subscribers: subscribers.clone(),
+        }),
+    };
+    before_start(&handle);
+    let span = tracing::info_span!(
+        "election",
+        election = %config.name,
+        candidate = %config.candidate.id,
+        backend = backend.info().name,
+    );
+    let engine = Engine {
+        backend,
+        config,
+        commands,
+        status,
+        subscribers,
+        seen_leader: None,
+        failures: 0,
+        last_token: None,
+        shutdown_waiters: Vec::new(),
+        leaderless_since: Instant::now(),
+    };
+    tokio::spawn(engine.run().instrument(span));
+    Campaign { events, handle }
+}
+
+struct Engine<B: Backend> {
+    backend: B,
+    config: Arc<Config>,
+    commands: mpsc::UnboundedReceiver<Command>,
+    status: watch::Sender<Status>,
+    subscribers: Subscribers,
+    /// The leader last reported, to send `LeaderChanged` only on a change.
+    seen_leader: Option<Option<Leader>>,
+    /// Consecutive failures, for the back-off.
+    failures: u32,
+    /// The token of our last term: a new term must have a greater one.
+    last_token: Option<FencingToken>,
+    shutdown_waiters: Vec<oneshot::Sender<()>>,
+    /// Since when this candidate has been trying to lead, for `time_to_leader`.
+    leaderless_since: Instant,
+}
+
+type ContenderOf<B> = <<B as Backend>::Session as Session>::Contender;
+
+/// How [`Engine::pursue`] ended.
+enum Pursuit<C> {
+    Won(C, FencingToken),
+    /// The session is lost or cannot be trusted: open a new one.
+    SessionLost,
+    Stop,
+}
+
+/// What interrupted a wait.
+enum Interrupt {
+    Shutdown,
+    SessionLost,
+}
+
+impl<B: Backend> Engine<B> {
+    async fn run(mut self) {
+        tracing::info!("campaign started");
+        let mut session: Option<B::Session> = None;
+        loop {
+            let current = match session.take() {
+                Some(s) if s.health().borrow().lost.is_none() => s,
+                stale => {
+                    if let Some(s) = stale {
+                        close_in_background(s);
+                    }
+                    match self.open_session().await {
+                        Some(s) => s,
+                        None => break,
+                    }
+                }
+            };
+            match self.pursue(&current).await {
+                Pursuit::Won(contender, token) => {
+                    let (reason, released) = self.lead(&current, contender, token).await;
+                    if reason == DemotionReason::Shutdown {
+                        session = Some(current);
+                        break;
+                    }
+                    // A session whose lock we could not release, or whose liveness is in
+                    // doubt, could win again with the old term's token: start afresh.
+                    let trusted = released
+                        && !matches!(
+                            reason,
+                            DemotionReason::RenewDeadlineExceeded
+                                | DemotionReason::ConnectionLost
+                                | DemotionReason::SessionExpired
+                        );
+                    if trusted {
+                        session = Some(current);
+                    } else {
+                        close_in_background(current);
+                    }
+                    let delay = self.config.backoff.delay(0);
+                    if self.cool_down(delay).await.is_err() {
+                        break;
+                    }
+                }
+                Pursuit::SessionLost => {
+                    close_in_background(current);
+                    // Back off: a store that hands out sessions it loses at once must not
+                    // be asked for new ones in a hot loop.
+                    let error = Error::Unavailable {
+                        backend: self.backend.info().name,
+                        reason: "the session was lost; opening a new one".into(),
+                    };
+                    let delay = self.failed(&error);
+                    if self.cool_down(delay).await.is_err() {
+                        break;
+                    }
+                }
+                Pursuit::Stop => {
+                    session = Some(current);
+                    break;
+                }
+            }
+        }
+        if let Some(s) = session {
+            let closing = timeout(self.config.renew_deadline, s.close()).await;
+            if !matches!(closing, Ok(Ok(()))) {
+                tracing::warn!("could not close the session; the store will expire it");
+            }
+        }
+        self.status.send_modify(|s| {
+            s.role = Role::Stopped;
+            s.term = None;
+            s.renew_deadline_at = None;
+        });
+        self.subscribers.close();
+        for done in self.shutdown_waiters.drain(..) {
+            let _ = done.send(());
+        }
+        tracing::info!("campaign stopped");
+    }
+
+    /// Opens a session, retrying with back-off. `None`: shut down meanwhile.
+    async fn open_session(&mut self) -> Option<B::Session> {
+        let options = self.config.session_options();
+        loop {
+            self.set_role(Role::Connecting);
+            let opened = tokio::select! {
+                biased;
+                command = self.commands.recv() => match self.on_command_while_not_leading(command) {
+                    Some(Interrupt::Shutdown) => return None,
+                    _ => continue,
+                },
+                opened = self.backend.open_session(&options) => opened,
+            };
+            match opened {
+                Ok(session) => {
+                    tracing::debug!(session = %session.id(), "session opened");
+                    self.status.send_modify(|s| {
+                        s.last_renewal = Some(session.health().borrow().confirmed_sent_at)
+                    });
+                    return Some(session);
+                }
+                Err(error) => {
+                    let delay = self.failed(&error);
+                    if self.cool_down(delay).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Everything before winning: try to acquire, wait for a change, repeat.
+    async fn pursue(&mut self, session: &B::Session) -> Pursuit<ContenderOf<B>> {
+        let mut contender = match session
+            .contend(&self.config.name, &self.config.candidate)
+            .await
+        {
+            Ok(c) => c,
+            Err(error) => {
+                tracing::warn!(%error, "could not prepare the claim");
+                return Pursuit::SessionLost;
+            }
+        };
+        let mut health = session.health();
+        let mut observer: Option<B::Observer> = None;
+        loop {
+            if health.borrow_and_update().lost.is_some() {
+                return Pursuit::SessionLost;
+            }
+            if !matches!(self.status.borrow().role, Role::Follower) {
+                self.set_role(Role::Candidate);
+            }
+            let attempt = tokio::select! {
+                biased;
+                command = self.commands.recv() => match self.on_command_while_not_leading(command) {
+                    Some(Interrupt::Shutdown) => return self.withdraw(contender).await,
+                    _ => continue,
+                },
+                () = lost(&mut health) => return Pursuit::SessionLost,
+                attempt = contender.acquire() => attempt,
+            };
+            let interrupt = match attempt {
+                Ok(Attempt::Won { fencing_token }) => {
+                    ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("won"))
+                        .increment(1);
+                    let verdict = self.check_win(&health.borrow(), fencing_token);
+                    match verdict {
+                        Ok(()) => return Pursuit::Won(contender, fencing_token),
+                        Err(why) => {
+                            tracing::warn!(
+                                fencing_token,
+                                "won on an untrusted session ({why}); starting a new session"
+                            );
+                            let _ = timeout(self.config.renew_interval, contender.release()).await;
+                            return Pursuit::SessionLost;
+                        }
+                    }
+                }
+                Ok(Attempt::Held { holder }) => {
+                    ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("held"))
+                        .increment(1);
+                    self.recovered();
+                    self.set_role(Role::Follower);
+                    if let Some(holder) = holder {
+                        self.saw_leader(Some(holder));
+                    }
+                    if observer.is_none() {
+                        observer = self.backend.observe(&self.config.name).await.ok();
+                    }
+                    self.follow(&mut contender, &mut health, &mut observer)
+                        .await
+                }
+                Ok(Attempt::Delayed { until }) => {
+                    ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
+                        .increment(1);
+                    tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
+                    self.wait_until(until, &mut health).await
+                }
+                Err(error) => {
+                    ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("error"))
+                        .increment(1);
+                    let delay = self.failed(&error);
+                    self.wait_until(Instant::now() + delay, &mut health).await
+                }
+            };
+            match interrupt {
+                None => {}
+                Some(Interrupt::Shutdown) => return self.withdraw(contender).await,
+                Some(Interrupt::SessionLost) => return Pursuit::SessionLost,
+            }
+        }
+    }
+
+    /// A follower's wait: until the contender says to try again, reporting leader changes.
+    async fn follow(
+        &mut self,
+        contender: &mut ContenderOf<B>,
+        health: &mut watch::Receiver<SessionHealth>,
+        observer: &mut Option<B::Observer>,
+    ) -> Option<Interrupt> {
+        loop {
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => {
+                    if let Some(interrupt) = self.on_command_while_not_leading(command) {
+                        return Some(interrupt);
+                    }
+                }
+                () = lost(health) => return Some(Interrupt::SessionLost),
+                waited = contender.wait() => {
+                    return match waited {
+                        Ok(()) => None,
+                        Err(error) => {
+                            let delay = self.failed(&error);
+                            self.wait_until(Instant::now() + delay, health).await
+                        }
+                    };
+                }
+                observed = next_leader(observer) => match observed {
+                    Ok(leader) => self.saw_leader(leader),
+                    Err(error) => {
+                        tracing::debug!(%error, "observer failed; leader changes are reported on the next attempt");
+                        *observer = None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Whether a win can be trusted: the session is alive and fresh, and the token grew.
+    fn check_win(&self, health: &SessionHealth, token: FencingToken) -> Result<(), &'static str> {
+        if health.lost.is_some() {
+            return Err("the session is lost");
+        }
+        if Instant::now() >= health.confirmed_sent_at + self.config.renew_deadline {
+            return Err("no renewal confirmed within the renew deadline");
+        }
+        if self.last_token.is_some_and(|last| token <= last) {
+            return Err("the fencing token did not grow");
+        }
+        Ok(())
+    }
+
+    /// Everything while leading. Returns why the term ended, and whether the lock was released.
+    async fn lead(
+        &mut self,
+        session: &B::Session,
+        mut contender: ContenderOf<B>,
+        fencing_token: FencingToken,
+    ) -> (DemotionReason, bool) {
+        let span = tracing::info_span!("term", term = fencing_token);
+        let leader = Leader {
+            candidate: self.config.candidate.clone(),
+            fencing_token: Some(fencing_token),
+            since_unix_ms: Some(unix_ms_now()),
+        };
+        let (term, mut guards) = Term::new(self.config.name.clone(), leader.clone(), fencing_token);
+        self.last_token = Some(fencing_token);
+        self.recovered();
+        ::metrics::counter!(metrics::ELECTIONS_WON, self.labels_base()).increment(1);
+        ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(1.0);
+        ::metrics::histogram!(metrics::TIME_TO_LEADER, self.labels_base())
+            .record(self.leaderless_since.elapsed().as_secs_f64());
+        self.status.send_modify(|s| {
+            s.role = Role::Leader;
+            s.term = Some(term.clone());
+        });
+        span.in_scope(|| tracing::info!(fencing_token, "elected"));
+        self.subscribers
+            .send(&LeadershipEvent::Elected(term.clone()));
+        self.saw_leader(Some(leader));
+
+        let mut health = session.health();
+        let mut resign_done = None;
+        let reason = loop {
+            let (confirmed, loss) = {
+                let h = health.borrow_and_update();
+                (h.confirmed_sent_at, h.lost)
+            };
+            if let Some(loss) = loss {
+                break DemotionReason::from_session(loss);
+            }
+            let deadline = confirmed + self.config.renew_deadline;
+            self.status.send_modify(|s| {
+                s.last_renewal = Some(confirmed);
+                s.renew_deadline_at = Some(deadline);
+            });
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => match command {
+                    Some(Command::Resign { reason, done }) => {
+                        resign_done = Some(done);
+                        break reason;
+                    }
+                    Some(Command::Shutdown { done }) => {
+                        self.shutdown_waiters.extend(done);
+                        break DemotionReason::Shutdown;
+                    }
+                    None => break DemotionReason::Shutdown,
+                },
+                loss = contender.lost() => break DemotionReason::from_lock(loss),
+                changed = health.changed() => if changed.is_err() {
+                    break DemotionReason::ConnectionLost;
+                },
+                () = sleep_until(deadline) => break DemotionReason::RenewDeadlineExceeded,
+            }
+        };
+
+        // Self-fence first: the worker must stop trusting the term before anything else.
+        term.end();
+        ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
+        ::metrics::counter!(
+            metrics::DEMOTIONS,
+            self.labels_base_with("reason", reason.as_str())
+        )
+        .increment(1);
+        self.leaderless_since = Instant::now();
+        self.status.send_modify(|s| {
+            s.term = None;
+            s.renew_deadline_at = None;
+            s.last_demotion = Some(reason);
+        });
+        span.in_scope(|| tracing::info!(%reason, "demoted"));
+        self.subscribers.send(&LeadershipEvent::Demoted {
+            fencing_token,
+            reason,
+        });
+        drop(term);
+
+        // Graceful hand-off: wait for the term's guards, then release.
+        if timeout(self.config.grace, guards.recv()).await.is_err() {
+            span.in_scope(|| {
+                tracing::warn!(grace = ?self.config.grace, "the term's guards were still held after the grace; releasing anyway")
+            });
+        }
+        let released = matches!(
+            timeout(self.config.renew_deadline, contender.release()).await,
+            Ok(Ok(()))
+        );
+        if !released {
+            span.in_scope(|| {
+                tracing::warn!(
+                    "could not release the lock; the store will expire it with the session"
+                )
+            });
+        }
+        self.saw_leader(None);
+        if let Some(done) = resign_done {
+            let _ = done.send(());
+        }
+        (reason, released)
+    }
+
+    /// Leaves the queue (or releases) and reports a stop.
+    async fn withdraw(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
+        let _ = timeout(self.config.renew_deadline, contender.release()).await;
+        Pursuit::Stop
+    }
+
+    /// Sleeps until `until`, as [`Role::CoolingDown`], unless interrupted.
+    async fn wait_until(
+        &mut self,
+        until: Instant,
+        health: &mut watch::Receiver<SessionHealth>,
+    ) -> Option<Interrupt> {
+        self.set_role(Role::CoolingDown { until });
+        loop {
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => {
+                    if let Some(interrupt) = self.on_command_while_not_leading(command) {
+                        return Some(interrupt);
+                    }
+                }
+                () = lost(health) => return Some(Interrupt::SessionLost),
+                () = sleep_until(until) => return None,
+            }
+        }
+    }
+
+    /// Sleeps for `delay` without a session. `Err`: shut down meanwhile.
+    async fn cool_down(&mut self, delay: Duration) -> Result<(), ()> {
+        let until = Instant::now() + delay;
+        self.set_role(Role::CoolingDown { until });
+        let sleeping = sleep(delay);
+        tokio::pin!(sleeping);
+        loop {
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => {
+                    if let Some(Interrupt::Shutdown) = self.on_command_while_not_leading(command) {
+                        return Err(());
+                    }
+                }
+                () = &mut sleeping => return Ok(()),
+            }
+        }
+    }
+
+    /// Handles a command that arrives while not leading. Resign has nothing to give up.
+    fn on_command_while_not_leading(&mut self, command: Option<Command>) -> Option<Interrupt> {
+        match command {
+            Some(Command::Resign { done, .. }) => {
+                let _ = done.send(());
+                None
+            }
+            Some(Command::Shutdown { done }) => {
+                self.shutdown_waiters.extend(done);
+                Some(Interrupt::Shutdown)
+            }
+            None => Some(Interrupt::Shutdown),
+        }
+    }
+
+    /// Records a failure; returns how long to wait before the next try.
+    fn failed(&mut self, error: &Error) -> Duration {
+        let delay = match error {
+            Error::Unauthorized { .. } => self.config.backoff.max,
+            _ => self.config.backoff.delay(self.failures),
+        };
+        self.failures = self.failures.saturating_add(1);
+        tracing::warn!(%error, retry_in = ?delay, "campaign step failed");
+        self.status.send_modify(|s| match &mut s.problem {
+            Some(problem) => problem.message = error.to_string(),
+            None => {
+                s.problem = Some(Problem {
+                    message: error.to_string(),
+                    since: Instant::now(),
+                    since_wall: SystemTime::now(),
+                })
+            }
+        });
+        delay
+    }
+
+    fn recovered(&mut self) {
+        self.failures = 0;
+        if self.status.borrow().problem.is_some() {
+            self.status.send_modify(|s| s.problem = None);
+        }
+    }
+
+    fn set_role(&self, role: Role) {
+        self.status.send_if_modified(|s| {
+            if s.role == role {
+                return false;
+            }
+            tracing::debug!(from = s.role.as_str(), to = role.as_str(), "transition");
+            s.role = role;
+            true
+        });
+    }
+
+    fn saw_leader(&mut self, leader: Option<Leader>) {
+        if self.seen_leader.as_ref() == Some(&leader) {
+            return;
+        }
+        tracing::info!(
+            leader = leader.as_ref().map(|l| l.candidate.id.as_str()),
+            "leader changed"
+        );
+        self.seen_leader = Some(leader.clone());
+        self.status.send_modify(|s| s.leader = leader.clone());
+        self.subscribers
+            .send(&LeadershipEvent::LeaderChanged(leader));
+    }
+
+    fn labels_base(&self) -> Vec<::metrics::Label> {
+        vec![
+            ::metrics::Label::new("election", self.config.name.clone()),
+            ::metrics::Label::new("candidate", self.config.candidate.id.clone()),
+        ]
+    }
+
+    fn labels_base_with(&self, key: &'static str, value: &'static str) -> Vec<::metrics::Label> {
+        let mut labels = self.labels_base();
+        labels.push(::metrics::Label::new(key, value));
+        labels
+    }
+
+    fn labels(&self, result: &'static str) -> Vec<::metrics::Label> {
+        self.labels_base_with("result", result)
+    }
+}
+
+/// Completes once the session is lost (never, while it lives).
+async fn lost(health: &mut watch::Receiver<SessionHealth>) {
+    loop {
+        if health.borrow_and_update().lost.is_some() {
+            return;
+        }
+        if health.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The observer's next report; pending forever without an observer.
+async fn next_leader<O: Observer>(observer: &mut Option<O>) -> Result<Option<Leader>> {
+    match observer {
+        Some(o) => o.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn close_in_background<S: Session>(session: S) {
+    tokio::spawn(async move {
+        if let Err(error) = session.close().await {
+            tracing::debug!(%error, "closing a stale session failed; the store will expire it");
+        }
+    });
+}

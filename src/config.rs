@@ -1,0 +1,277 @@
+//! Election settings, their defaults, and their validation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::backend::{BackendInfo, Candidate, SessionOptions};
+use crate::{Error, Result};
+
+/// Default session ttl: long enough to ride out a store's leader election or a GC pause,
+/// short enough that a crashed leader is replaced within seconds.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default renew interval as a fraction of the ttl: three chances to renew before expiry,
+/// as etcd's own keep-alive does.
+pub const DEFAULT_RENEW_INTERVAL_DIVISOR: u32 = 3;
+/// Default renew deadline as a fraction of the ttl (2/3): a leader that has not confirmed a
+/// renewal for this long fences itself, leaving a third of the ttl as margin for clock rate
+/// differences and for the worker to notice cancellation before the store can expire the lease.
+pub const DEFAULT_RENEW_DEADLINE_FRACTION: (u32, u32) = (2, 3);
+/// The smallest gap allowed between the renew deadline and the ttl, as a fraction of the ttl
+/// (1/5): the leader must stop trusting itself well before the store can hand the lock on.
+pub const MIN_DEADLINE_MARGIN_DIVISOR: u32 = 5;
+/// Default first retry delay after an error or a loss. Jittered.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(250);
+/// Default longest retry delay: a store that stays down is retried at least this often, and
+/// wrong credentials are retried no more often than this (no retry storm).
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Default time a cancelled worker gets to finish before the lock is released anyway.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// The longest election name, in bytes.
+pub const MAX_NAME_LEN: usize = 128;
+/// The longest candidate identity, in bytes.
+pub const MAX_CANDIDATE_LEN: usize = 256;
+
+/// Exponential back-off with full jitter, used between retries and as the cool-down after a loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// The delay after the first failure (the upper end of the jittered range).
+    pub initial: Duration,
+    /// The largest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: DEFAULT_BACKOFF_INITIAL,
+            max: DEFAULT_BACKOFF_MAX,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (0-based): uniformly random in
+    /// `[ceiling/2, ceiling]`, where the ceiling doubles per attempt up to `max`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self
+            .initial
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.max);
+        let half = ceiling / 2;
+        let nanos = u64::try_from((ceiling - half).as_nanos()).unwrap_or(u64::MAX);
+        half + Duration::from_nanos(fastrand::u64(0..=nanos))
+    }
+}
+
+/// The validated settings of one election.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The election's name, the key under which the store keeps it.
+    pub name: String,
+    /// This process's identity and metadata.
+    pub candidate: Candidate,
+    /// How long the store keeps our session without renewal.
+    pub ttl: Duration,
+    /// How often the session is renewed.
+    pub renew_interval: Duration,
+    /// A leader with no renewal confirmed within this long (from when that renewal was sent)
+    /// cancels its term.
+    pub renew_deadline: Duration,
+    /// The store's lock-delay after our session is invalidated, where it has one.
+    pub lock_delay: Option<Duration>,
+    /// Retry and cool-down delays.
+    pub backoff: Backoff,
+    /// How long a cancelled term's holders get before the lock is released anyway.
+    pub grace: Duration,
+}
+
+impl Config {
+    pub(crate) fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            ttl: self.ttl,
+            renew_interval: self.renew_interval,
+            lock_delay: self.lock_delay,
+            name: format!("incumbent:{}", self.candidate.id),
+        }
+    }
+}
+
+/// The settings as given to the builder, before validation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Draft {
+    pub name: String,
+    pub candidate_id: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub ttl: Option<Duration>,
+    pub renew_interval: Option<Duration>,
+    pub renew_deadline: Option<Duration>,
+    pub lock_delay: Option<Duration>,
+    pub backoff: Backoff,
+    pub grace: Option<Duration>,
+}
+
+impl Draft {
+    pub(crate) fn validate(self, backend: &BackendInfo) -> Result<Config> {
+        validate_name(&self.name)?;
+        let id = match self.candidate_id {
+            Some(id) => id,
+            None => default_candidate_id(),
+        };
+        validate_candidate(&id, &self.metadata)?;
+        let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
+        if ttl < backend.min_ttl || ttl > backend.max_ttl {
+            return Err(Error::timing(format!(
+                "ttl {ttl:?} is outside what {} accepts ({:?} to {:?}); set .ttl() in that range",
+                backend.name, backend.min_ttl, backend.max_ttl
+            )));
+        }
+        let (num, den) = DEFAULT_RENEW_DEADLINE_FRACTION;
+        let renew_deadline = self.renew_deadline.unwrap_or(ttl * num / den);
+        let renew_interval = self
+            .renew_interval
+            .unwrap_or(ttl / DEFAULT_RENEW_INTERVAL_DIVISOR);
+        let max_deadline = ttl - ttl / MIN_DEADLINE_MARGIN_DIVISOR;
+        if renew_deadline.is_zero() || renew_deadline > max_deadline {
+            return Err(Error::timing(format!(
+                "renew_deadline {renew_deadline:?} must be above zero and at most {max_deadline:?} \
+                 (ttl {ttl:?} minus 1/{MIN_DEADLINE_MARGIN_DIVISOR}) so the leader fences itself before the \
+                 store can expire its lease; lower .renew_deadline() or raise .ttl()"
+            )));
+        }
+        if renew_interval.is_zero() || renew_interval >= renew_deadline {
+            return Err(Error::timing(format!(
+                "renew_interval {renew_interval:?} must be above zero and below renew_deadline \
+                 {renew_deadline:?}, so a renewal can be retried before the deadline; lower .renew_interval()"
+            )));
+        }
+        let backoff = self.backoff;
+        if backoff.initial.is_zero() || backoff.max < backoff.initial {
+            return Err(Error::timing(format!(
+                "backoff initial {:?} must be above zero and at most max {:?}; fix .backoff()",
+                backoff.initial, backoff.max
+            )));
+        }
+        Ok(Config {
+            name: self.name,
+            candidate: Candidate {
+                id,
+                metadata: self.metadata,
+            },
+            ttl,
+            renew_interval,
+            renew_deadline,
+            lock_delay: self.lock_delay,
+            backoff,
+            grace: self.grace.unwrap_or(DEFAULT_GRACE),
+        })
+    }
+}
+
+/// Checks an election name: 1 to [`MAX_NAME_LEN`] bytes of `[A-Za-z0-9._-/]`, with no empty
+/// path segment. Every store can hold such a name as a key or path.
+pub fn validate_name(name: &str) -> Result<()> {
+    let reason = if name.is_empty() {
+        Some("it is empty")
+    } else if name.len() > MAX_NAME_LEN {
+        Some("it is longer than 128 bytes")
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'))
+    {
+        Some("it has a character outside [A-Za-z0-9._-/]")
+    } else if name
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        Some("it has an empty, '.' or '..' path segment")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(Error::InvalidElectionName {
+            name: name.to_owned(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn validate_candidate(id: &str, metadata: &BTreeMap<String, String>) -> Result<()> {
+    let bad = |reason: String| Err(Error::InvalidCandidate { reason });
+    if id.is_empty() {
+        return bad(
+            "the candidate id is empty; pass a name such as \"host-a:8080\" to .candidate()".into(),
+        );
+    }
+    if id.len() > MAX_CANDIDATE_LEN {
+        return bad(format!(
+            "the candidate id is longer than {MAX_CANDIDATE_LEN} bytes; shorten it"
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return bad("the candidate id has a control character; use printable text".into());
+    }
+    if let Some(key) = metadata.keys().find(|k| k.is_empty()) {
+        return bad(format!(
+            "a metadata key is empty ({key:?}); name every metadata entry"
+        ));
+    }
+    Ok(())
+}
+
+/// `host-pid-xxxx`: unique enough among the candidates of one election, and readable.
+fn default_candidate_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_every_store_can_hold_are_accepted() {
+        for name in ["a", "jobs/index-builder", "A.b_c-d/e"] {
+            assert!(validate_name(name).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_names_are_rejected_with_the_reason() {
+        for (name, reason) in [
+            ("", "empty"),
+            ("/a", "segment"),
+            ("a/", "segment"),
+            ("a//b", "segment"),
+            ("a/../b", "segment"),
+            ("a b", "character"),
+            ("ü", "character"),
+        ] {
+            let err = validate_name(name).unwrap_err().to_string();
+            assert!(err.contains(reason), "{name:?}: {err}");
+        }
+        assert!(validate_name(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn backoff_is_jittered_below_a_doubling_ceiling() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        for attempt in 0..40 {
+            let ceiling = Duration::from_millis(100 * (1u64 << attempt.min(4))).min(b.max);
+            let d = b.delay(attempt);
+            assert!(d >= ceiling / 2 && d <= ceiling, "{attempt}: {d:?}");
+        }
+    }
+}

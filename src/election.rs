@@ -1,0 +1,440 @@
+//! [`Election`]: the builder, callbacks, and the singleton-worker runner.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
+
+use crate::backend::{Backend, Leader};
+use crate::campaign::{self, Campaign};
+use crate::config::{Backoff, Config, Draft};
+use crate::event::{DemotionReason, LeadershipEvent};
+use crate::term::Term;
+use crate::{Error, Result};
+
+type Callback<T> = Arc<dyn Fn(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+#[derive(Clone, Default)]
+struct Callbacks {
+    elected: Option<Callback<Term>>,
+    demoted: Option<Callback<DemotionReason>>,
+    leader_changed: Option<Callback<Option<Leader>>>,
+}
+
+impl Callbacks {
+    fn is_empty(&self) -> bool {
+        self.elected.is_none() && self.demoted.is_none() && self.leader_changed.is_none()
+    }
+}
+
+/// What [`Election::run`] does when the worker returns, fails or panics while still leader.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnWorkerExit {
+    /// Step down (releasing the lock so another candidate can take over), then campaign
+    /// again after the back-off and run the worker again when re-elected. The default: a
+    /// singleton that crashed should run somewhere.
+    #[default]
+    Resign,
+    /// Step down and stop: `run` returns `Ok(())` if the worker returned, or
+    /// [`Error::Worker`] if it failed or panicked. For one-shot jobs.
+    Stop,
+}
+
+/// A named election, ready to campaign in. Cheap to clone.
+///
+/// Made with [`Election::builder`]; start it with [`campaign`](Election::campaign) (events
+/// and status) or [`run`](Election::run) (a worker that runs only while leader).
+pub struct Election<B: Backend> {
+    backend: B,
+    config: Arc<Config>,
+    callbacks: Callbacks,
+    on_worker_exit: OnWorkerExit,
+}
+
+impl<B: Backend> Clone for Election<B> {
+    fn clone(&self) -> Self {
+        Election {
+            backend: self.backend.clone(),
+            config: self.config.clone(),
+            callbacks: self.callbacks.clone(),
+            on_worker_exit: self.on_worker_exit,
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for Election<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("backend", &self.backend.info().name)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds an [`Election`]; every setting is checked by [`build`](ElectionBuilder::build).
+pub struct ElectionBuilder<B: Backend> {
+    backend: B,
+    draft: Draft,
+    callbacks: Callbacks,
+    on_worker_exit: OnWorkerExit,
+}
+
+impl<B: Backend> fmt::Debug for ElectionBuilder<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElectionBuilder")
+            .field("backend", &self.backend.info().name)
+            .field("draft", &self.draft)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> ElectionBuilder<B> {
+    /// This candidate's identity, as others will see it (default: `host-pid-xxxx`).
+    pub fn candidate(mut self, id: impl Into<String>) -> Self {
+        self.draft.candidate_id = Some(id.into());
+        self
+    }
+
+    /// Adds a metadata entry others can read with the leader, e.g. an address.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.draft.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// How long the store keeps the session without renewal (default
+    /// [`DEFAULT_TTL`](crate::config::DEFAULT_TTL)). A crashed leader is replaced about this
+    /// long after it dies.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.draft.ttl = Some(ttl);
+        self
+    }
+
+    /// How often the session is renewed (default: ttl / 3). Must be below the renew deadline.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.draft.renew_interval = Some(interval);
+        self
+    }
+
+    /// A leader with no renewal confirmed within this long (counted from when that renewal
+    /// was sent) cancels its term (default: 2/3 of the ttl; at most 4/5 of it).
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.draft.renew_deadline = Some(deadline);
+        self
+    }
+
+    /// After our session is invalidated, how long the store keeps the lock from everyone,
+    /// where the store supports it (Consul's lock-delay; the memory backend). Default: the
+    /// store's own default (Consul: 15 s; memory: none).
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.draft.lock_delay = Some(delay);
+        self
+    }
+
+    /// Retry delays after errors and the cool-down after a loss: jittered, doubling from
+    /// `initial` up to `max` (defaults 250 ms and 30 s).
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.draft.backoff = Backoff { initial, max };
+        self
+    }
+
+    /// How long a cancelled term's work may take to wind down before the lock is released
+    /// anyway, and [`run`](Election::run)'s worker is aborted (default 10 s).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.draft.grace = Some(grace);
+        self
+    }
+
+    /// What [`run`](Election::run) does when the worker ends while leader (default: resign).
+    pub fn on_worker_exit(mut self, policy: OnWorkerExit) -> Self {
+        self.on_worker_exit = policy;
+        self
+    }
+
+    /// Called with the term each time this candidate is elected.
+    ///
+    /// Callbacks run one at a time, in event order, in a task of their own: a slow callback
+    /// delays later callbacks, never the campaign. To stop work on loss, select on
+    /// [`Term::cancelled`] rather than waiting for `on_demoted`.
+    pub fn on_elected<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.callbacks.elected = Some(Arc::new(move |t| Box::pin(f(t))));
+        self
+    }
+
+    /// Called with the reason each time this candidate's term ends (after its token was
+    /// cancelled). See [`on_elected`](Self::on_elected) for how callbacks run.
+    pub fn on_demoted<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(DemotionReason) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.callbacks.demoted = Some(Arc::new(move |r| Box::pin(f(r))));
+        self
+    }
+
+    /// Called each time the leader this candidate sees changes (`None`: nobody leads), itself
+    /// included. See [`on_elected`](Self::on_elected) for how callbacks run.
+    pub fn on_leader_changed<F, Fut>(mut self, f: F) -> Self
+    where
+        F: Fn(Option<Leader>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.callbacks.leader_changed = Some(Arc::new(move |l| Box::pin(f(l))));
+        self
+    }
+
+    /// Checks every setting against the others and against the backend's limits.
+    ///
+    /// # Errors
+    /// [`Error::InvalidElectionName`], [`Error::InvalidCandidate`] or
+    /// [`Error::InvalidTiming`], each saying what to change.
+    pub fn build(self) -> Result<Election<B>> {
+        let config = self.draft.validate(&self.backend.info())?;
+        Ok(Election {
+            backend: self.backend,
+            config: Arc::new(config),
+            callbacks: self.callbacks,
+            on_worker_exit: self.on_worker_exit,
+        })
+    }
+}
+
+/// What a worker returns: `()`, or a `Result` whose error is displayed in logs.
+pub trait WorkerOutcome: Send + 'static {
+    /// `Err` with a message if the worker failed.
+    fn into_result(self) -> std::result::Result<(), String>;
+}
+
+impl WorkerOutcome for () {
+    fn into_result(self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<E: fmt::Display + Send + 'static> WorkerOutcome for std::result::Result<(), E> {
+    fn into_result(self) -> std::result::Result<(), String> {
+        self.map_err(|e| e.to_string())
+    }
+}
+
+impl<B: Backend> Election<B> {
+    /// Starts building an election named `name` on `backend`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use incumbent::{Election, memory::MemoryBackend};
+    ///
+    /// let election = Election::builder(MemoryBackend::new(), "jobs/index-builder")
+    ///     .candidate("host-a:8080")
+    ///     .ttl(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok::<(), incumbent::Error>(())
+    /// ```
+    pub fn builder(backend: B, name: impl Into<String>) -> ElectionBuilder<B> {
+        ElectionBuilder {
+            backend,
+            draft: Draft {
+                name: name.into(),
+                ..Draft::default()
+            },
+            callbacks: Callbacks::default(),
+            on_worker_exit: OnWorkerExit::default(),
+        }
+    }
+
+    /// The validated settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Starts campaigning, and returns the running [`Campaign`]. Must be called from within
+    /// a tokio runtime. Each call starts an independent campaign (with its own session).
+    pub fn campaign(&self) -> Campaign {
+        campaign::spawn(self.backend.clone(), self.config.clone(), |handle| {
+            if !self.callbacks.is_empty() {
+                let callbacks = self.callbacks.clone();
+                let mut events = handle.subscribe();
+                tokio::spawn(async move {
+                    while let Some(event) = events.recv().await {
+                        match event {
+                            LeadershipEvent::Elected(term) => {
+                                if let Some(f) = &callbacks.elected {
+                                    f(term).await;
+                                }
+                            }
+                            LeadershipEvent::Demoted { reason, .. } => {
+                                if let Some(f) = &callbacks.demoted {
+                                    f(reason).await;
+                                }
+                            }
+                            LeadershipEvent::LeaderChanged(leader) => {
+                                if let Some(f) = &callbacks.leader_changed {
+                                    f(leader).await;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        })
+    }
+
+    /// Runs `worker(term)` only while this candidate leads, forever: see
+    /// [`run_until`](Election::run_until), with a shutdown signal that never comes.
+    pub async fn run<W, Fut>(&self, worker: W) -> Result<()>
+    where
+        W: FnMut(Term) -> Fut + Send,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkerOutcome,
+    {
+        self.run_until(worker, std::future::pending()).await
+    }
+
+    /// Runs `worker(term)` only while this candidate leads, until `shutdown` completes.
+    ///
+    /// - On election, the worker is spawned with the new [`Term`].
+    /// - On loss, the term's token is cancelled; the worker gets the grace to return, then it
+    ///   is aborted; only then is the lock released, so the next leader's worker never
+    ///   overlaps this one.
+    /// - On re-election, the worker is started again with the new term.
+    /// - If the worker returns, fails or panics while leader, the
+    ///   [`OnWorkerExit`] policy applies (default: resign and campaign again).
+    /// - When `shutdown` completes: the worker is cancelled and awaited (at most the grace),
+    ///   the lock released and the session closed; then `run_until` returns `Ok(())`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+    /// use incumbent::{Election, memory::MemoryBackend};
+    ///
+    /// let election = Election::builder(MemoryBackend::new(), "scheduler").build()?;
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// # let _ = stop.send(());
+    /// election
+    ///     .run_until(
+    ///         |term| async move {
+    ///             println!("leading with fencing token {}", term.fencing_token());
+    ///             term.cancelled().await; // work until leadership ends
+    ///         },
+    ///         async { let _ = stopped.await; },
+    ///     )
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_until<W, Fut, S>(&self, mut worker: W, shutdown: S) -> Result<()>
+    where
+        W: FnMut(Term) -> Fut + Send,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkerOutcome,
+        S: Future<Output = ()> + Send,
+    {
+        let mut campaign = self.campaign();
+        let handle = campaign.handle();
+        let grace = self.config.grace;
+        tokio::pin!(shutdown);
+        let mut running: Option<(JoinHandle<std::result::Result<(), String>>, Term)> = None;
+        loop {
+            tokio::select! {
+                event = campaign.recv() => match event {
+                    Some(LeadershipEvent::Elected(term)) => {
+                        let guard = term.hold();
+                        let work = worker(term.clone());
+                        let task = tokio::spawn(async move {
+                            let _guard = guard;
+                            work.await.into_result()
+                        });
+                        running = Some((task, term));
+                    }
+                    Some(LeadershipEvent::Demoted { .. }) => {
+                        if let Some((task, _)) = running.take() {
+                            stop_worker(task, grace).await;
+                        }
+                    }
+                    Some(LeadershipEvent::LeaderChanged(_)) => {}
+                    None => return Err(Error::Stopped),
+                },
+                joined = join(&mut running), if running.is_some() => {
+                    let Some((_, term)) = running.take() else { continue };
+                    let outcome = match joined {
+                        Ok(outcome) => outcome,
+                        Err(e) if e.is_panic() => Err(format!("panicked: {}", panic_message(e))),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    if term.is_cancelled() {
+                        continue; // the term ended first; its Demoted event is on its way
+                    }
+                    let reason = match &outcome {
+                        Ok(()) => {
+                            tracing::info!("the worker returned while leader");
+                            DemotionReason::WorkerExited
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "the worker failed while leader");
+                            DemotionReason::WorkerFailed
+                        }
+                    };
+                    match self.on_worker_exit {
+                        OnWorkerExit::Resign => handle.resign_because(reason).await?,
+                        OnWorkerExit::Stop => {
+                            handle.resign_because(reason).await?;
+                            campaign.shutdown().await?;
+                            return outcome.map_err(Error::Worker);
+                        }
+                    }
+                },
+                () = &mut shutdown => {
+                    let stopping = handle.shutdown();
+                    match running.take() {
+                        Some((task, _)) => {
+                            let (stopped, ()) = tokio::join!(stopping, stop_worker(task, grace));
+                            stopped?;
+                        }
+                        None => stopping.await?,
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+async fn join(
+    running: &mut Option<(JoinHandle<std::result::Result<(), String>>, Term)>,
+) -> std::result::Result<std::result::Result<(), String>, tokio::task::JoinError> {
+    match running {
+        Some((task, _)) => task.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for a cancelled worker for the grace, then aborts it.
+async fn stop_worker(mut task: JoinHandle<std::result::Result<(), String>>, grace: Duration) {
+    if timeout(grace, &mut task).await.is_err() {
+        tracing::warn!(
+            ?grace,
+            "the worker did not stop within the grace after its term ended; aborting it"
+        );
+        task.abort();
+        let _ = task.await;
+    }
+}
+
+fn panic_message(error: tokio::task::JoinError) -> String {
+    let payload = error.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+}

@@ -1,0 +1,110 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong in `incumbent`, with a variant per cause a caller can act on.
+///
+/// Builder errors ([`InvalidElectionName`](Error::InvalidElectionName),
+/// [`InvalidTiming`](Error::InvalidTiming), ...) are returned by
+/// [`ElectionBuilder::build`](crate::ElectionBuilder::build) and never change with retries.
+/// Store errors say whether a retry can help: see [`Error::is_transient`]. The campaign retries
+/// transient errors by itself, with back-off, and reports them in its
+/// [`Status`](crate::Status); it backs off to the maximum delay on
+/// [`Unauthorized`](Error::Unauthorized) so wrong credentials never cause a retry storm.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The election name is empty, too long, or has a character the stores cannot hold.
+    #[error(
+        "invalid election name {name:?}: {reason}; use 1 to 128 characters from [A-Za-z0-9._-/], not starting or ending with '/'"
+    )]
+    InvalidElectionName {
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The candidate identity or its metadata is unusable.
+    #[error("invalid candidate: {reason}")]
+    InvalidCandidate {
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+    /// The durations of an election do not fit together or do not fit the store.
+    #[error("invalid timing: {reason}")]
+    InvalidTiming {
+        /// Which setting is wrong, its value, and the allowed range.
+        reason: String,
+    },
+    /// A backend's configuration (endpoint, URL, TLS material, directory) is unusable.
+    #[error("invalid {backend} configuration: {reason}")]
+    InvalidConfig {
+        /// The backend, e.g. `"etcd"`.
+        backend: &'static str,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
+    /// The store could not be reached or did not answer in time. Transient: retried.
+    #[error("{backend} is unavailable: {reason}; retrying with back-off")]
+    Unavailable {
+        /// The backend, e.g. `"etcd"`.
+        backend: &'static str,
+        /// What failed.
+        reason: String,
+    },
+    /// The store refused our credentials or their permissions. Not transient: fix the credentials.
+    #[error(
+        "{backend} refused the credentials: {reason}; check the user, password or token and its permissions on the election's keys"
+    )]
+    Unauthorized {
+        /// The backend, e.g. `"consul"`.
+        backend: &'static str,
+        /// What the store said.
+        reason: String,
+    },
+    /// The store answered something this crate does not understand, or rejected a request.
+    #[error("{backend} error: {reason}")]
+    Store {
+        /// The backend, e.g. `"etcd"`.
+        backend: &'static str,
+        /// What happened.
+        reason: String,
+    },
+    /// A local file operation of the file backend failed.
+    #[error("file backend: {action} {path}: {source}")]
+    Io {
+        /// What was being done, e.g. `"cannot create the lock directory"`.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The campaign has shut down; start a new one with [`Election::campaign`](crate::Election::campaign).
+    #[error("the campaign has shut down; call Election::campaign() to start a new one")]
+    Stopped,
+    /// A worker run by [`Election::run`](crate::Election::run) failed and the policy was to stop.
+    #[error("the worker failed: {0}")]
+    Worker(String),
+    /// A wait did not finish within its limit.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl Error {
+    /// Whether retrying the same request later can succeed (the store was down or slow).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
+    }
+
+    pub(crate) fn timing(reason: impl Into<String>) -> Self {
+        Error::InvalidTiming {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Shorthand for `Result<T, incumbent::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,175 @@
+//! What the campaign tells the application: events and status.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::backend::{Candidate, FencingToken, Leader, LockLoss, SessionLoss};
+use crate::term::Term;
+
+/// Something that happened in a campaign, in order.
+#[derive(Clone, Debug)]
+pub enum LeadershipEvent {
+    /// This candidate became leader. The term's token is cancelled when the term ends.
+    Elected(Term),
+    /// This candidate's term ended, with why. Sent after the term's token was cancelled.
+    Demoted {
+        /// The fencing token of the term that ended.
+        fencing_token: FencingToken,
+        /// Why it ended.
+        reason: DemotionReason,
+    },
+    /// The leader this candidate sees changed (`None`: nobody leads). Also sent for itself.
+    LeaderChanged(Option<Leader>),
+}
+
+/// Why a term ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DemotionReason {
+    /// [`CampaignHandle::resign`](crate::CampaignHandle::resign) was called.
+    Resigned,
+    /// The worker run by [`Election::run`](crate::Election::run) returned while leader.
+    WorkerExited,
+    /// The worker failed or panicked.
+    WorkerFailed,
+    /// The campaign was shut down.
+    Shutdown,
+    /// The store says our session (lease) is gone: expired, revoked or invalidated.
+    SessionExpired,
+    /// The election's key was deleted.
+    KeyDeleted,
+    /// Another session holds the lock now.
+    LockTaken,
+    /// No renewal was confirmed within `renew_deadline`; the leader fenced itself.
+    RenewDeadlineExceeded,
+    /// The connection to the store was lost for longer than the session can survive.
+    ConnectionLost,
+}
+
+impl DemotionReason {
+    /// A stable snake_case name, used as the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DemotionReason::Resigned => "resigned",
+            DemotionReason::WorkerExited => "worker_exited",
+            DemotionReason::WorkerFailed => "worker_failed",
+            DemotionReason::Shutdown => "shutdown",
+            DemotionReason::SessionExpired => "session_expired",
+            DemotionReason::KeyDeleted => "key_deleted",
+            DemotionReason::LockTaken => "lock_taken",
+            DemotionReason::RenewDeadlineExceeded => "renew_deadline_exceeded",
+            DemotionReason::ConnectionLost => "connection_lost",
+        }
+    }
+
+    /// Whether this process chose to step down (as opposed to losing the lock).
+    pub fn is_voluntary(self) -> bool {
+        matches!(
+            self,
+            DemotionReason::Resigned
+                | DemotionReason::WorkerExited
+                | DemotionReason::WorkerFailed
+                | DemotionReason::Shutdown
+        )
+    }
+
+    pub(crate) fn from_session(loss: SessionLoss) -> Self {
+        match loss {
+            SessionLoss::Expired => DemotionReason::SessionExpired,
+            SessionLoss::Unconfirmed => DemotionReason::ConnectionLost,
+            SessionLoss::Closed => DemotionReason::Shutdown,
+        }
+    }
+
+    pub(crate) fn from_lock(loss: LockLoss) -> Self {
+        match loss {
+            LockLoss::Deleted => DemotionReason::KeyDeleted,
+            LockLoss::Taken => DemotionReason::LockTaken,
+            LockLoss::SessionLost => DemotionReason::SessionExpired,
+        }
+    }
+}
+
+impl fmt::Display for DemotionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a candidate stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Opening a session with the store.
+    Connecting,
+    /// Trying to acquire the lock.
+    Candidate,
+    /// Another candidate leads; waiting for the lock to be free.
+    Follower,
+    /// This candidate leads.
+    Leader,
+    /// Waiting before trying again: after a loss, an error, or during a store's lock-delay.
+    CoolingDown {
+        /// When the next attempt starts.
+        until: Instant,
+    },
+    /// The campaign has ended.
+    Stopped,
+}
+
+impl Role {
+    /// A stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Connecting => "connecting",
+            Role::Candidate => "candidate",
+            Role::Follower => "follower",
+            Role::Leader => "leader",
+            Role::CoolingDown { .. } => "cooling_down",
+            Role::Stopped => "stopped",
+        }
+    }
+}
+
+/// A problem the campaign is working around: why it is waiting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// What went wrong, as the error's message.
+    pub message: String,
+    /// Since when it has been going wrong (monotonic).
+    pub since: Instant,
+    /// Since when, by the wall clock.
+    pub since_wall: SystemTime,
+}
+
+/// A snapshot of a campaign, readable at any time through a
+/// [`watch::Receiver`](tokio::sync::watch::Receiver), for health endpoints.
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// The election's name.
+    pub election: String,
+    /// This candidate.
+    pub candidate: Candidate,
+    /// Where this candidate stands.
+    pub role: Role,
+    /// The leader as last seen (this candidate, while it leads).
+    pub leader: Option<Leader>,
+    /// The current term, while leader.
+    pub term: Option<Term>,
+    /// When the last renewal the store confirmed was sent, while a session is open.
+    pub last_renewal: Option<Instant>,
+    /// When this candidate's term will be fenced if no renewal is confirmed before, while leader.
+    pub renew_deadline_at: Option<Instant>,
+    /// The problem the campaign is working around, if any.
+    pub problem: Option<Problem>,
+    /// Why the last term ended, if one did.
+    pub last_demotion: Option<DemotionReason>,
+}
+
+impl Status {
+    /// Whether this candidate leads right now.
+    pub fn is_leader(&self) -> bool {
+        self.role == Role::Leader
+    }
+}

@@ -1,0 +1,143 @@
+//! [`Term`]: one stretch of leadership, as the application holds it.
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::backend::{FencingToken, Leader};
+
+/// One term of leadership: valid from when it is handed out until its token is cancelled.
+///
+/// The token is cancelled the moment leadership can no longer be trusted: *before* the store
+/// could grant the lock to anyone else (see the crate docs on self-fencing). Check
+/// [`is_cancelled`](Term::is_cancelled) or select on [`cancelled`](Term::cancelled) around
+/// every step of your work, and send [`fencing_token`](Term::fencing_token) with every write
+/// to a downstream system so that it can reject a stale leader.
+///
+/// Cloning is cheap; all clones share one token.
+///
+/// ```
+/// # async fn write(_token: u64, _chunk: u32) {}
+/// async fn work(term: incumbent::Term) {
+///     for chunk in 0.. {
+///         tokio::select! {
+///             () = term.cancelled() => return, // leadership lost: stop at once
+///             () = write(term.fencing_token(), chunk) => {}
+///         }
+///     }
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Term {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    election: String,
+    leader: Leader,
+    fencing_token: FencingToken,
+    started: Instant,
+    started_at: SystemTime,
+    cancel: CancellationToken,
+    /// Cloned into every [`TermGuard`]; taken out when the term ends.
+    holds: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+/// Keeps the lock from being released while held, up to the election's grace.
+///
+/// When a term ends, the campaign cancels its token, then waits until every guard is dropped
+/// (or the grace passes) before it releases the lock, so that the next leader never overlaps
+/// work that is still winding down. [`Election::run`](crate::Election::run) holds one for its
+/// worker; take one with [`Term::hold`] when you run work from a raw campaign.
+#[derive(Debug)]
+pub struct TermGuard {
+    _hold: Option<mpsc::Sender<()>>,
+}
+
+impl Term {
+    pub(crate) fn new(
+        election: String,
+        leader: Leader,
+        fencing_token: FencingToken,
+    ) -> (Term, mpsc::Receiver<()>) {
+        let (tx, rx) = mpsc::channel(1);
+        let term = Term {
+            inner: Arc::new(Inner {
+                election,
+                leader,
+                fencing_token,
+                started: Instant::now(),
+                started_at: SystemTime::now(),
+                cancel: CancellationToken::new(),
+                holds: Mutex::new(Some(tx)),
+            }),
+        };
+        (term, rx)
+    }
+
+    /// Cancels the token and stops handing out guards. Returns once nothing else can hold.
+    pub(crate) fn end(&self) {
+        self.inner.cancel.cancel();
+        if let Ok(mut holds) = self.inner.holds.lock() {
+            holds.take();
+        }
+    }
+
+    /// The fencing token: greater than that of every earlier term of this election.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.inner.fencing_token
+    }
+
+    /// The election's name.
+    pub fn election(&self) -> &str {
+        &self.inner.election
+    }
+
+    /// This leader's identity and metadata, as others read them.
+    pub fn leader(&self) -> &Leader {
+        &self.inner.leader
+    }
+
+    /// When the term began, by the monotonic clock.
+    pub fn started(&self) -> Instant {
+        self.inner.started
+    }
+
+    /// When the term began, by the wall clock.
+    pub fn started_at(&self) -> SystemTime {
+        self.inner.started_at
+    }
+
+    /// Whether leadership has ended.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Completes when leadership ends.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.cancel.cancelled()
+    }
+
+    /// A token cancelled when leadership ends, to hand to code that takes a
+    /// [`CancellationToken`]. Cancelling it yourself does not end the term: use
+    /// [`CampaignHandle::resign`](crate::CampaignHandle::resign) for that.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.cancel.child_token()
+    }
+
+    /// Delays the release of the lock, after the term ends, until the guard is dropped (at
+    /// most the election's grace). A guard taken after the term ended delays nothing.
+    pub fn hold(&self) -> TermGuard {
+        let hold = self
+            .inner
+            .holds
+            .lock()
+            .ok()
+            .and_then(|holds| holds.as_ref().cloned());
+        TermGuard { _hold: hold }
+    }
+}

@@ -1,0 +1,669 @@
+//! The campaign's promises, checked deterministically on the memory backend with paused time.
+//! One behaviour per test, named for it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use incumbent::memory::{MemoryBackend, Reachability};
+use incumbent::{
+    Campaign, DemotionReason, Election, Error, LeadershipEvent, OnWorkerExit, Role, Term,
+};
+use tokio::time::{Instant, sleep, timeout};
+
+const TTL: Duration = Duration::from_secs(3);
+const NAME: &str = "jobs/index";
+
+fn election(backend: &MemoryBackend, id: &str) -> Election<MemoryBackend> {
+    Election::builder(backend.clone(), NAME)
+        .candidate(id)
+        .ttl(TTL)
+        .backoff(Duration::from_millis(100), Duration::from_secs(2))
+        .grace(Duration::from_secs(1))
+        .build()
+        .expect("valid settings")
+}
+
+/// The next `Elected` term, skipping other events; fails the test after `limit`.
+async fn elected(campaign: &mut Campaign, limit: Duration) -> Term {
+    timeout(limit, async {
+        loop {
+            match campaign.recv().await {
+                Some(LeadershipEvent::Elected(term)) => return term,
+                Some(_) => {}
+                None => panic!("campaign stopped"),
+            }
+        }
+    })
+    .await
+    .expect("elected in time")
+}
+
+/// The next `Demoted` reason, skipping other events.
+async fn demoted(campaign: &mut Campaign, limit: Duration) -> DemotionReason {
+    timeout(limit, async {
+        loop {
+            match campaign.recv().await {
+                Some(LeadershipEvent::Demoted { reason, .. }) => return reason,
+                Some(_) => {}
+                None => panic!("campaign stopped"),
+            }
+        }
+    })
+    .await
+    .expect("demoted in time")
+}
+
+/// Whether an `Elected` arrives within `limit`.
+async fn elected_within(campaign: &mut Campaign, limit: Duration) -> bool {
+    timeout(limit, async {
+        loop {
+            if let Some(LeadershipEvent::Elected(_)) = campaign.recv().await {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_candidate_becomes_leader_with_a_positive_token() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    assert!(term.fencing_token() > 0);
+    assert_eq!(term.leader().candidate.id, "a");
+    assert_eq!(term.election(), NAME);
+    assert!(a.status().borrow().is_leader());
+    assert_eq!(store.holder(NAME).map(|l| l.candidate.id), Some("a".into()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_one_of_many_candidates_leads() {
+    let store = MemoryBackend::new();
+    let mut campaigns: Vec<Campaign> = (0..5)
+        .map(|i| election(&store.client(), &format!("c{i}")).campaign())
+        .collect();
+    sleep(TTL * 3).await;
+    let leaders: Vec<_> = campaigns
+        .iter()
+        .filter(|c| c.status().borrow().is_leader())
+        .collect();
+    assert_eq!(leaders.len(), 1);
+    let leader_id = store.holder(NAME).expect("a holder").candidate.id;
+    for c in &mut campaigns {
+        let status = c.status().borrow().clone();
+        assert_eq!(
+            status.leader.map(|l| l.candidate.id),
+            Some(leader_id.clone())
+        );
+        if !status.role.eq(&Role::Leader) {
+            assert_eq!(status.role, Role::Follower);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_hands_off_to_a_follower_with_a_greater_token() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    let first = elected(&mut a, TTL).await;
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(50)).await;
+    let start = Instant::now();
+    a.resign().await.expect("resign");
+    assert!(
+        first.is_cancelled(),
+        "the old term is cancelled before the lock is released"
+    );
+    let second = elected(&mut b, TTL).await;
+    assert!(second.fencing_token() > first.fencing_token());
+    // Push notification, no back-off: hand-off takes no timer at all.
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(demoted(&mut a, TTL).await, DemotionReason::Resigned);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resigned_leader_campaigns_again_after_the_back_off() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let first = elected(&mut a, TTL).await;
+    a.resign().await.expect("resign");
+    let second = elected(&mut a, Duration::from_secs(1)).await;
+    assert!(second.fencing_token() > first.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partitioned_leader_fences_itself_before_its_lease_can_expire() {
+    let store = MemoryBackend::new();
+    let a_client = store.client();
+    let mut a = election(&a_client, "a").campaign();
+    let a_term = elected(&mut a, TTL).await;
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+
+    a_client.set_reachability(Reachability::Hanging);
+    let partitioned = Instant::now();
+    assert_eq!(
+        demoted(&mut a, TTL * 2).await,
+        DemotionReason::RenewDeadlineExceeded
+    );
+    let fenced = Instant::now();
+    assert!(a_term.is_cancelled());
+    let b_term = elected(&mut b, TTL * 3).await;
+    let b_started = Instant::now();
+    // The store can only hand the lock on once A's lease expired: a ttl after A's last
+    // confirmed renewal, which was sent before the partition. A fenced itself before that.
+    assert!(
+        fenced < b_started,
+        "A fenced at {fenced:?}, B started at {b_started:?}"
+    );
+    assert!(fenced - partitioned < TTL);
+    assert!(b_term.fencing_token() > a_term.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_session_demotes_the_leader_and_it_is_re_elected() {
+    let store = MemoryBackend::new();
+    let a_client = store.client();
+    let mut a = election(&a_client, "a").campaign();
+    let first = elected(&mut a, TTL).await;
+    a_client.expire_sessions();
+    assert_eq!(demoted(&mut a, TTL).await, DemotionReason::SessionExpired);
+    assert!(first.is_cancelled());
+    let second = elected(&mut a, TTL * 2).await;
+    assert!(second.fencing_token() > first.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_key_demotes_the_leader_with_key_deleted() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    store.delete(NAME);
+    assert_eq!(demoted(&mut a, TTL).await, DemotionReason::KeyDeleted);
+    assert!(term.is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lock_delay_is_waited_out_exactly_not_polled() {
+    let store = MemoryBackend::new();
+    let delay = Duration::from_secs(15);
+    let client = store.client();
+    store.impose_lock_delay(NAME, delay);
+    let start = Instant::now();
+    let mut a = election(&client, "a").campaign();
+    sleep(Duration::from_secs(1)).await;
+    assert!(matches!(a.status().borrow().role, Role::CoolingDown { .. }));
+    let requests_while_delayed = client.requests();
+    elected(&mut a, delay * 2).await;
+    assert_eq!(start.elapsed(), delay, "woke exactly when the delay ended");
+    // Session renewals go on (15 s / 1 s interval); acquisition was not retried meanwhile.
+    assert!(
+        client.requests() - requests_while_delayed <= 17,
+        "{}",
+        client.requests()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lock_delay_after_session_loss_keeps_everyone_out_until_it_ends() {
+    let store = MemoryBackend::new();
+    let a_client = store.client();
+    let delay = Duration::from_secs(5);
+    let mut a = Election::builder(a_client.clone(), NAME)
+        .candidate("a")
+        .ttl(TTL)
+        .lock_delay(delay)
+        .build()
+        .expect("valid")
+        .campaign();
+    elected(&mut a, TTL).await;
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+    a_client.expire_sessions();
+    let expired = Instant::now();
+    elected(&mut b, delay * 2).await;
+    assert_eq!(expired.elapsed(), delay);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_is_down_is_retried_with_back_off_and_the_status_says_why() {
+    let store = MemoryBackend::new();
+    let client = store.client();
+    client.set_reachability(Reachability::Failing);
+    let a = election(&client, "a").campaign();
+    sleep(Duration::from_secs(60)).await;
+    let status = a.status().borrow().clone();
+    let problem = status.problem.expect("a problem is reported");
+    assert!(
+        problem.message.contains("unreachable"),
+        "{}",
+        problem.message
+    );
+    // Back-off doubles to 2 s, jittered down to 1 s at the least: at most ~65 tries in a
+    // minute, not thousands.
+    assert!(
+        client.requests() <= 65,
+        "{} requests in 60 s",
+        client.requests()
+    );
+    client.set_reachability(Reachability::Reachable);
+    sleep(Duration::from_secs(3)).await;
+    let status = a.status().borrow().clone();
+    assert!(status.is_leader());
+    assert!(status.problem.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_leaders_and_followers_only_renew() {
+    let store = MemoryBackend::new();
+    let (ca, cb) = (store.client(), store.client());
+    let _a = election(&ca, "a").campaign();
+    let _b = election(&cb, "b").campaign();
+    sleep(TTL).await;
+    let (ra, rb) = (ca.requests(), cb.requests());
+    sleep(TTL * 10).await; // 30 s, renew interval 1 s
+    assert!(ca.requests() - ra <= 31, "leader: {}", ca.requests() - ra);
+    assert!(cb.requests() - rb <= 31, "follower: {}", cb.requests() - rb);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_whose_session_expired_while_waiting_never_becomes_leader() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    let a_term = elected(&mut a, TTL).await;
+    let b_client = store.client();
+    let mut b = election(&b_client, "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+    // B's requests now take longer than its renew interval: its renewals time out, the store
+    // expires its session, and every call it makes arrives after that.
+    b_client.set_latency(TTL * 2);
+    sleep(TTL * 2).await;
+    a.shutdown().await.expect("shutdown");
+    assert!(a_term.is_cancelled());
+    assert!(
+        !elected_within(&mut b, TTL * 3).await,
+        "B led on a dead session"
+    );
+    // Once its calls are fast again, B opens a new session and wins.
+    b_client.set_latency(Duration::ZERO);
+    let b_term = elected(&mut b, TTL * 10).await;
+    assert!(b_term.fencing_token() > a_term.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
+async fn followers_see_every_leader_change() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    elected(&mut a, TTL).await;
+    let mut c = election(&store.client(), "c").campaign();
+    sleep(Duration::from_millis(10)).await;
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+    a.shutdown().await.expect("shutdown");
+    sleep(Duration::from_millis(10)).await;
+    // Whoever won, the other follower saw a -> nobody/winner.
+    let winner = store.holder(NAME).expect("a new leader").candidate.id;
+    let loser = if winner == "b" { &mut c } else { &mut b };
+    let mut seen = Vec::new();
+    while let Ok(Some(event)) = timeout(Duration::from_millis(1), loser.recv()).await {
+        if let LeadershipEvent::LeaderChanged(leader) = event {
+            seen.push(leader.map(|l| l.candidate.id));
+        }
+    }
+    assert_eq!(seen.first(), Some(&Some("a".to_owned())), "{seen:?}");
+    assert_eq!(seen.last(), Some(&Some(winner)), "{seen:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_releases_the_lock_and_closes_the_session() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let status = a.status();
+    a.shutdown().await.expect("shutdown");
+    assert!(term.is_cancelled());
+    assert_eq!(store.holder(NAME), None);
+    assert_eq!(store.session_count(), 0);
+    assert_eq!(status.borrow().role, Role::Stopped);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_campaign_shuts_it_down() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    elected(&mut a, TTL).await;
+    drop(a);
+    sleep(Duration::from_millis(10)).await;
+    assert_eq!(store.holder(NAME), None);
+    assert_eq!(store.session_count(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_subscriber_never_stalls_the_campaign() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let _never_read = a.subscribe();
+    for _ in 0..20 {
+        let term = elected(&mut a, TTL).await;
+        a.resign().await.expect("resign");
+        assert!(term.is_cancelled());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_term_guards_up_to_the_grace() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let guard = term.hold();
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+    let resigned = tokio::spawn({
+        let handle = a.handle();
+        async move { handle.resign().await }
+    });
+    sleep(Duration::from_millis(300)).await;
+    assert!(term.is_cancelled());
+    assert_eq!(
+        store.holder(NAME).map(|l| l.candidate.id),
+        Some("a".into()),
+        "held while guarded"
+    );
+    drop(guard);
+    resigned.await.expect("join").expect("resign");
+    elected(&mut b, TTL).await;
+
+    // A guard that is never dropped delays the release by the grace only.
+    b.shutdown().await.expect("shutdown");
+    let term = elected(&mut a, TTL * 10).await;
+    let _stuck = term.hold();
+    let started = Instant::now();
+    a.shutdown().await.expect("shutdown");
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+}
+
+/// A shared ledger of terms: (token, start, end).
+type Ledger = Arc<Mutex<Vec<(u64, Instant, Instant)>>>;
+
+fn assert_no_overlap(ledger: &Ledger) {
+    let mut terms = ledger.lock().unwrap().clone();
+    terms.sort_by_key(|t| t.1);
+    for pair in terms.windows(2) {
+        assert!(pair[0].2 <= pair[1].1, "terms overlap: {pair:?}");
+        assert!(pair[0].0 < pair[1].0, "tokens did not grow: {pair:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_hands_off_only_after_the_old_worker_stopped() {
+    let store = MemoryBackend::new();
+    let ledger: Ledger = Arc::default();
+    let worker = |ledger: Ledger| {
+        move |term: Term| {
+            let ledger = ledger.clone();
+            async move {
+                let start = Instant::now();
+                term.cancelled().await;
+                sleep(Duration::from_millis(400)).await; // winding down takes a while
+                ledger
+                    .lock()
+                    .unwrap()
+                    .push((term.fencing_token(), start, Instant::now()));
+            }
+        }
+    };
+    let (a_client, b_client) = (store.client(), store.client());
+    let a = election(&a_client, "a");
+    let b = election(&b_client, "b");
+    let (stop_a, a_stopped) = tokio::sync::oneshot::channel::<()>();
+    let run_a = tokio::spawn({
+        let w = worker(ledger.clone());
+        async move {
+            a.run_until(w, async {
+                let _ = a_stopped.await;
+            })
+            .await
+        }
+    });
+    sleep(Duration::from_millis(100)).await;
+    let run_b = tokio::spawn({
+        let w = worker(ledger.clone());
+        async move { b.run_until(w, std::future::pending()).await }
+    });
+    sleep(Duration::from_millis(100)).await;
+    a_client.set_reachability(Reachability::Hanging); // A fences itself, B takes over
+    sleep(TTL * 3).await;
+    a_client.set_reachability(Reachability::Reachable);
+    stop_a.send(()).expect("a still running");
+    run_a.await.expect("join").expect("run_until");
+    sleep(Duration::from_secs(1)).await;
+    run_b.abort();
+    let terms = ledger.lock().unwrap().len();
+    assert!(terms >= 1, "A's term was recorded");
+    assert_no_overlap(&ledger);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_ignores_cancellation_is_aborted_after_the_grace() {
+    let store = MemoryBackend::new();
+    let e = election(&store, "a");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = Arc::new(AtomicU32::new(0));
+    let run = tokio::spawn({
+        let started = started.clone();
+        async move {
+            e.run_until(
+                move |_term| {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<()>()
+                },
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+        }
+    });
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+    stop.send(()).expect("running");
+    let begun = Instant::now();
+    run.await.expect("join").expect("run_until");
+    assert_eq!(
+        begun.elapsed(),
+        Duration::from_secs(1),
+        "the grace, then abort"
+    );
+    assert_eq!(store.holder(NAME), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_returns_resigns_and_runs_again_when_re_elected() {
+    let store = MemoryBackend::new();
+    let e = election(&store, "a");
+    let runs = Arc::new(AtomicU32::new(0));
+    let run = tokio::spawn({
+        let runs = runs.clone();
+        async move {
+            e.run(move |term| {
+                let runs = runs.clone();
+                async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    assert!(!term.is_cancelled());
+                }
+            })
+            .await
+        }
+    });
+    sleep(Duration::from_secs(5)).await;
+    let n = runs.load(Ordering::SeqCst);
+    // Back-off of 100 ms (jittered 50..100 ms) between runs: more than a few, far from a hot loop.
+    assert!((3..=110).contains(&n), "{n} runs in 5 s");
+    run.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_worker_is_contained_and_restarted() {
+    let store = MemoryBackend::new();
+    let e = election(&store, "a");
+    let runs = Arc::new(AtomicU32::new(0));
+    let run = tokio::spawn({
+        let runs = runs.clone();
+        async move {
+            e.run(move |_term| {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        panic!("first run fails");
+                    }
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+        }
+    });
+    sleep(Duration::from_secs(2)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert!(!run.is_finished());
+    run.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stop_policy_returns_the_workers_error() {
+    let store = MemoryBackend::new();
+    let e = Election::builder(store.clone(), NAME)
+        .on_worker_exit(OnWorkerExit::Stop)
+        .build()
+        .expect("valid");
+    let result = e.run(|_term| async { Err::<(), _>("disk full") }).await;
+    match result {
+        Err(Error::Worker(message)) => assert!(message.contains("disk full"), "{message}"),
+        other => panic!("expected a worker error, got {other:?}"),
+    }
+    assert_eq!(store.holder(NAME), None, "released");
+    assert_eq!(store.session_count(), 0, "session closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn callbacks_are_called_in_order() {
+    let store = MemoryBackend::new();
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (l1, l2, l3) = (log.clone(), log.clone(), log.clone());
+    let e = Election::builder(store.clone(), NAME)
+        .candidate("a")
+        .on_elected(move |term| {
+            let log = l1.clone();
+            async move {
+                log.lock()
+                    .unwrap()
+                    .push(format!("elected {}", term.fencing_token()))
+            }
+        })
+        .on_demoted(move |reason| {
+            let log = l2.clone();
+            async move { log.lock().unwrap().push(format!("demoted {reason}")) }
+        })
+        .on_leader_changed(move |leader| {
+            let log = l3.clone();
+            async move {
+                let id = leader
+                    .map(|l| l.candidate.id)
+                    .unwrap_or_else(|| "none".into());
+                log.lock().unwrap().push(format!("leader {id}"))
+            }
+        })
+        .build()
+        .expect("valid");
+    let mut campaign = e.campaign();
+    elected(&mut campaign, TTL).await;
+    campaign.resign().await.expect("resign");
+    sleep(Duration::from_millis(10)).await;
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log[..4],
+        ["elected 1", "leader a", "demoted resigned", "leader none"],
+        "{log:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_elections_share_nothing_but_the_store() {
+    let store = MemoryBackend::new();
+    let mut campaigns = Vec::new();
+    for i in 0..100 {
+        let e = Election::builder(store.clone(), format!("shard-{i}"))
+            .candidate("a")
+            .build()
+            .expect("valid");
+        campaigns.push(e.campaign());
+    }
+    for c in &mut campaigns {
+        assert_eq!(elected(c, TTL).await.fencing_token(), 1);
+    }
+}
+
+#[test]
+fn the_builder_rejects_bad_settings_with_typed_errors() {
+    let b = || Election::builder(MemoryBackend::new(), NAME);
+    let timing = |r: incumbent::Result<Election<MemoryBackend>>| match r {
+        Err(Error::InvalidTiming { reason }) => reason,
+        other => panic!("expected InvalidTiming, got {other:?}"),
+    };
+    assert!(timing(b().ttl(Duration::ZERO).build()).contains("ttl"));
+    assert!(
+        timing(b().ttl(TTL).renew_deadline(TTL).build()).contains("renew_deadline"),
+        "deadline must be below the ttl"
+    );
+    assert!(
+        timing(
+            b().ttl(TTL)
+                .renew_deadline(Duration::from_secs(2))
+                .renew_interval(Duration::from_secs(2))
+                .build()
+        )
+        .contains("renew_interval")
+    );
+    assert!(
+        timing(
+            b().backoff(Duration::from_secs(2), Duration::from_secs(1))
+                .build()
+        )
+        .contains("backoff")
+    );
+    assert!(matches!(
+        Election::builder(MemoryBackend::new(), "").build(),
+        Err(Error::InvalidElectionName { .. })
+    ));
+    assert!(matches!(
+        Election::builder(MemoryBackend::new(), "bad name").build(),
+        Err(Error::InvalidElectionName { .. })
+    ));
+    assert!(matches!(
+        b().candidate("").build(),
+        Err(Error::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        b().candidate("a\nb").build(),
+        Err(Error::InvalidCandidate { .. })
+    ));
+    assert!(matches!(
+        b().metadata("", "x").build(),
+        Err(Error::InvalidCandidate { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn resign_and_shutdown_after_stop_are_handled() {
+    let store = MemoryBackend::new();
+    let a = election(&store, "a").campaign();
+    let handle = a.handle();
+    a.shutdown().await.expect("shutdown");
+    assert!(matches!(handle.resign().await, Err(Error::Stopped)));
+    handle
+        .shutdown()
+        .await
+        .expect("a second shutdown returns at once");
+}
