@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -69,6 +69,8 @@ struct Store {
 #[derive(Debug, Default)]
 struct State {
     sessions: HashMap<u64, SessionEntry>,
+    /// Every session's expiry, earliest first.
+    expiries: BTreeSet<(Instant, u64)>,
     elections: HashMap<String, ElectionEntry>,
 }
 
@@ -230,8 +232,12 @@ impl MemoryBackend {
 }
 
 impl Store {
+    /// Locks the state, first expiring every session whose ttl has run out. Expiry needs no
+    /// task of its own: every access, and every waiter's timer, enforces it.
     fn lock(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+        let mut state = lock(&self.state);
+        state.expire_due(Instant::now());
+        state
     }
 }
 
@@ -255,11 +261,27 @@ impl State {
             })
     }
 
+    fn expire_due(&mut self, now: Instant) {
+        while let Some(&(at, id)) = self.expiries.first() {
+            if at > now {
+                break;
+            }
+            self.invalidate(id, true);
+        }
+    }
+
+    /// When the session holding `election` expires, unless renewed.
+    fn holder_expiry(&self, election: &str) -> Option<Instant> {
+        let holder = self.elections.get(election)?.holder.as_ref()?;
+        self.sessions.get(&holder.session).map(|s| s.expires_at)
+    }
+
     /// Ends a session and frees its locks, with its lock-delay if `delayed`.
     fn invalidate(&mut self, id: u64, delayed: bool) {
         let Some(session) = self.sessions.remove(&id) else {
             return;
         };
+        self.expiries.remove(&(session.expires_at, id));
         for name in session.held {
             let entry = self.election(&name);
             if entry.holder.as_ref().is_some_and(|h| h.session == id) {
@@ -290,17 +312,23 @@ impl Backend for MemoryBackend {
         let sent = Instant::now();
         self.gate().await?;
         let id = self.store.next_id.fetch_add(1, Ordering::Relaxed);
-        self.store.lock().sessions.insert(
-            id,
-            SessionEntry {
-                client: self.client.id,
-                expires_at: sent + options.ttl,
-                ttl: options.ttl,
-                lock_delay: options.lock_delay.unwrap_or(Duration::ZERO),
-                held: HashSet::new(),
-            },
-        );
-        tokio::spawn(reap(self.store.clone(), id));
+        let expires_at = sent + options.ttl;
+        {
+            let mut state = self.store.lock();
+            state.sessions.insert(
+                id,
+                SessionEntry {
+                    client: self.client.id,
+                    expires_at,
+                    ttl: options.ttl,
+                    lock_delay: options.lock_delay.unwrap_or(Duration::ZERO),
+                    held: HashSet::new(),
+                },
+            );
+            state.expiries.insert((expires_at, id));
+            // Created already expired (the request took longer than the ttl): gone at once.
+            state.expire_due(Instant::now());
+        }
         let client = self.clone();
         let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
             let client = client.clone();
@@ -329,30 +357,42 @@ impl MemoryBackend {
     async fn renew(&self, id: u64) -> Result<Renewal> {
         let sent = Instant::now();
         self.gate().await?;
-        let mut state = self.store.lock();
+        let mut guard = self.store.lock();
+        let state = &mut *guard;
         Ok(match state.sessions.get_mut(&id) {
             Some(session) => {
-                session.expires_at = sent + session.ttl;
+                state.expiries.remove(&(session.expires_at, id));
+                session.expires_at = session.expires_at.max(sent + session.ttl);
+                state.expiries.insert((session.expires_at, id));
                 Renewal::Alive
             }
             None => Renewal::Gone,
         })
     }
+
+    /// Waits for a change to `election`, or for its holder's session to expire (which is a
+    /// change too), then for this client's reachability.
+    async fn changed(&self, election: &str, version: &mut watch::Receiver<u64>) -> Result<()> {
+        loop {
+            let expiry = self.store.lock().holder_expiry(election);
+            tokio::select! {
+                changed = version.changed() => {
+                    if changed.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                    break;
+                }
+                () = sleep_until(expiry.unwrap_or_else(far_future)), if expiry.is_some() => {
+                    drop(self.store.lock()); // expires the holder, bumping the version
+                }
+            }
+        }
+        self.gate().await
+    }
 }
 
-/// Expires a session once its ttl passes without renewal.
-async fn reap(store: Arc<Store>, id: u64) {
-    loop {
-        let expires_at = match store.lock().sessions.get(&id) {
-            Some(session) => session.expires_at,
-            None => return,
-        };
-        if Instant::now() >= expires_at {
-            store.lock().invalidate(id, true);
-            return;
-        }
-        sleep_until(expires_at).await;
-    }
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 /// A session in a [`MemoryBackend`]: not shared between elections (sessions cost nothing here).
@@ -454,10 +494,9 @@ impl Contender for MemoryContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        if self.version.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        self.backend.gate().await
+        self.backend
+            .changed(&self.election, &mut self.version)
+            .await
     }
 
     async fn lost(&mut self) -> LockLoss {
@@ -476,11 +515,11 @@ impl Contender for MemoryContender {
                 }
                 self.version.borrow_and_update();
             }
-            if self.version.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
             // A partitioned client does not hear of the loss until it can reach the store.
-            let _ = self.backend.gate().await;
+            let _ = self
+                .backend
+                .changed(&self.election, &mut self.version)
+                .await;
         }
     }
 
@@ -532,10 +571,9 @@ pub struct MemoryObserver {
 impl Observer for MemoryObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         if self.started {
-            if self.version.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-            self.backend.gate().await?;
+            self.backend
+                .changed(&self.election, &mut self.version)
+                .await?;
         }
         self.started = true;
         self.version.borrow_and_update();

@@ -1,0 +1,83 @@
+//! A Consul agent in `-dev` mode (one in-memory server) on loopback.
+
+use std::net::SocketAddr;
+
+use tempfile::TempDir;
+
+use super::bin::find_binary;
+use super::net::{free_addr, free_port};
+use super::process::{Probe, ServerProcess};
+
+/// A `consul agent -dev` with every port on a free loopback port, killed on drop.
+pub struct ConsulDev {
+    process: ServerProcess,
+    http: SocketAddr,
+    // Declared last so it is removed after the process is killed.
+    _dir: TempDir,
+}
+
+impl ConsulDev {
+    /// Starts the agent and waits until it has elected itself leader.
+    pub async fn start() -> Self {
+        let consul = find_binary("consul");
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-consul-")
+            .tempdir()
+            .expect("create consul temp dir");
+        let http = free_addr();
+        let mut args: Vec<String> = [
+            "agent",
+            "-dev",
+            "-node=incumbent-test",
+            "-bind=127.0.0.1",
+            "-client=127.0.0.1",
+        ]
+        .map(String::from)
+        .into();
+        args.push(format!("-http-port={}", http.port()));
+        for flag in [
+            "-dns-port",
+            "-serf-lan-port",
+            "-serf-wan-port",
+            "-server-port",
+            "-grpc-port",
+        ] {
+            args.push(format!("{flag}={}", free_port()));
+        }
+        // Dev mode keeps its state in memory; the directory holds the node id.
+        args.push(format!("-data-dir={}", dir.path().join("data").display()));
+        let probe = Probe::Http {
+            addr: http,
+            path: "/v1/status/leader",
+            check: has_leader,
+        };
+        let mut process = ServerProcess::spawn("consul", consul, args, dir.path(), probe);
+        process.wait_ready().await;
+        ConsulDev {
+            process,
+            http,
+            _dir: dir,
+        }
+    }
+
+    /// The HTTP API address, `127.0.0.1:PORT`.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    /// The HTTP API base URL, `http://127.0.0.1:PORT`.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// The process, to kill, pause, resume or restart it. A restarted dev
+    /// agent starts empty: dev mode keeps no data.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// Whether a `/v1/status/leader` body names a leader (`""` means none yet).
+fn has_leader(body: &str) -> bool {
+    serde_json::from_str::<String>(body).is_ok_and(|leader| !leader.is_empty())
+}

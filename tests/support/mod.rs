@@ -1,0 +1,27 @@
+//! Support code for integration tests that run real servers.
+//!
+//! Include it from a test file with `mod support;`. Server binaries are looked
+//! up, never installed: a missing one fails the test with a pointer to
+//! `scripts/install-test-deps`. Every server listens on free loopback ports,
+//! keeps its data and log in a temporary directory, and is killed on drop.
+//! A later backend adds one file here with its server type.
+
+// Each test file uses only part of this module.
+#![allow(dead_code)]
+
+pub mod bin;
+pub mod consul;
+pub mod etcd;
+pub mod http;
+pub mod net;
+pub mod process;
+pub mod proxy;
+
+// Not every test file uses every type.
+#[allow(unused_imports)]
+pub use self::{
+    consul::ConsulDev,
+    etcd::{EtcdCluster, EtcdServer},
+    process::{Probe, ServerProcess},
+    proxy::Proxy,
+};

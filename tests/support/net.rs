@@ -1,0 +1,24 @@
+//! Free loopback ports.
+
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::{Mutex, PoisonError};
+
+/// Returns a loopback TCP port that is free now and has not been handed out
+/// before in this test process (servers bind it a moment later).
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local_addr").port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Returns `127.0.0.1:port` for a fresh `free_port()`.
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()))
+}

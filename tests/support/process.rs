@@ -1,0 +1,243 @@
+//! A server child process: spawn, readiness, signals, restart, kill on drop.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::http;
+
+/// How long a server may take to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many log lines a failure report shows.
+const LOG_TAIL_LINES: usize = 40;
+
+/// How to tell that a server is ready to serve.
+#[derive(Clone, Copy, Debug)]
+pub enum Probe {
+    /// `GET path` on `addr` answers 200 with a body that `check` accepts.
+    Http {
+        /// The server's HTTP address.
+        addr: SocketAddr,
+        /// The path to fetch.
+        path: &'static str,
+        /// Whether the body says "ready".
+        check: fn(&str) -> bool,
+    },
+}
+
+impl Probe {
+    /// Whether the server answers as ready now.
+    pub async fn is_ready(&self) -> bool {
+        match *self {
+            Probe::Http { addr, path, check } => http::get(addr, path)
+                .await
+                .is_ok_and(|response| response.status == 200 && check(&response.body)),
+        }
+    }
+}
+
+/// A running (or deliberately stopped) server process, killed on drop.
+/// Its stdout and stderr go to `<dir>/<name>.log`.
+pub struct ServerProcess {
+    name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    log_path: PathBuf,
+    probe: Probe,
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// Spawns `program args` without waiting for it to be ready (see
+    /// `wait_ready`), logging to `<dir>/<name>.log`.
+    pub fn spawn(
+        name: &str,
+        program: PathBuf,
+        args: Vec<String>,
+        dir: &Path,
+        probe: Probe,
+    ) -> Self {
+        let mut process = ServerProcess {
+            name: name.to_owned(),
+            program,
+            args,
+            log_path: dir.join(format!("{name}.log")),
+            probe,
+            child: None,
+        };
+        process.start_child();
+        process
+    }
+
+    /// Waits until the probe succeeds; panics with the log tail when the
+    /// process exits or `READY_TIMEOUT` passes first.
+    pub async fn wait_ready(&mut self) {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        loop {
+            if self.probe.is_ready().await {
+                return;
+            }
+            if let Some(status) = self.child_mut().try_wait().expect("try_wait") {
+                self.child = None;
+                panic!(
+                    "{} exited during startup ({status})\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "{} not ready after {READY_TIMEOUT:?}\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The process id, while the process runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the process with SIGKILL and reaps it; a no-op when stopped.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Fails only if it already exited; `wait` reaps it either way.
+            let _ = child.kill();
+            child.wait().expect("wait for killed server");
+        }
+    }
+
+    /// Freezes the process with SIGSTOP: it keeps its sockets but answers nothing.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Thaws a paused process with SIGCONT.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Kills the process if it runs, starts it again with the same arguments
+    /// (so the same ports and data directory) and waits until it is ready.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.start_child();
+        self.wait_ready().await;
+    }
+
+    /// The last lines of the log, headed by the log's path.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+        format!("--- last lines of {} ---\n{tail}", self.log_path.display())
+    }
+
+    fn start_child(&mut self) {
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open server log");
+        writeln!(
+            log,
+            "--- {} {}",
+            self.program.display(),
+            self.args.join(" ")
+        )
+        .expect("write server log");
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log file"))
+            .stderr(log);
+        let child = spawn_tied_to_process(command).unwrap_or_else(|err| {
+            panic!(
+                "cannot start {} ({}): {err}",
+                self.name,
+                self.program.display()
+            )
+        });
+        self.child = Some(child);
+    }
+
+    fn child_mut(&mut self) -> &mut Child {
+        let name = &self.name;
+        self.child
+            .as_mut()
+            .unwrap_or_else(|| panic!("{name} is not running"))
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("{} is not running", self.name));
+        let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+        // SAFETY: kill(2) on our own child, which is not reaped yet.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "signal {signal} to {}: {}",
+            self.name,
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tail());
+        }
+        self.kill9();
+    }
+}
+
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Spawns `command` so that it gets SIGKILL when this test process dies, even
+/// without unwinding (e.g. a harness timeout). The kernel ties that signal to
+/// the spawning *thread*, so spawning happens on one thread that lives as long
+/// as the process, not on a test thread that ends with its test.
+fn spawn_tied_to_process(mut command: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnJob>> = OnceLock::new();
+    // SAFETY: the pre-exec hook only calls the async-signal-safe prctl(2).
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, receiver) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("server-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in receiver {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("start the server-spawner thread");
+        jobs
+    });
+    let (reply, result) = mpsc::channel();
+    spawner
+        .send((command, reply))
+        .expect("server-spawner thread is gone");
+    result.recv().expect("server-spawner thread is gone")
+}
