@@ -6,7 +6,11 @@ mod campaign;
 pub mod config;
 mod election;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod event;
+#[cfg(all(feature = "file", unix))]
+pub mod file;
 pub mod memory;
 pub mod metrics;
 mod term;

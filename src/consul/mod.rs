@@ -1,0 +1,3 @@
+//! Consul backend: leader election on Consul sessions and KV locks.
+
+pub mod client;

@@ -1,0 +1,356 @@
+//! The behavioural tests, written once, generic over the store.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use incumbent::backend::{Backend, Observer};
+use incumbent::{CampaignHandle, DemotionReason, Election, LeadershipEvent, Term};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::stores::Store;
+
+const ELECTION: &str = "conformance/leader";
+
+fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
+    Election::builder(backend, ELECTION)
+        .candidate(id)
+        .ttl(ttl)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(Duration::from_secs(2))
+        .build()
+        .expect("valid settings")
+}
+
+/// The next `Elected` term, or a test failure after `limit`.
+async fn elected(events: &mut mpsc::UnboundedReceiver<LeadershipEvent>, limit: Duration) -> Term {
+    timeout(limit, async {
+        loop {
+            match events.recv().await {
+                Some(LeadershipEvent::Elected(term)) => return term,
+                Some(_) => {}
+                None => panic!("the campaign stopped"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not elected within {limit:?}"))
+}
+
+/// The next `Demoted` reason, or a test failure after `limit`.
+async fn demoted(
+    events: &mut mpsc::UnboundedReceiver<LeadershipEvent>,
+    limit: Duration,
+) -> DemotionReason {
+    timeout(limit, async {
+        loop {
+            match events.recv().await {
+                Some(LeadershipEvent::Demoted { reason, .. }) => return reason,
+                Some(_) => {}
+                None => panic!("the campaign stopped"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("not demoted within {limit:?}"))
+}
+
+/// A campaign whose events (all of them, from the start) are forwarded to a channel.
+struct Local {
+    campaign: CampaignHandle,
+    events: mpsc::UnboundedReceiver<LeadershipEvent>,
+}
+
+impl Local {
+    fn start<B: Backend>(election: Election<B>) -> Local {
+        let mut campaign = election.campaign();
+        let handle = campaign.handle();
+        let (tx, events) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    event = campaign.recv() => match event {
+                        Some(e) => { let _ = tx.send(e); }
+                        None => return,
+                    },
+                    // Dropping the `Local` drops the receiver: shut the campaign down.
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Local {
+            campaign: handle,
+            events,
+        }
+    }
+}
+
+/// A candidate on a runtime and thread of its own, which can crash: its runtime is dropped
+/// at once, with no release and no revoke. Its connections and file descriptors close, as
+/// they do when a process is killed with SIGKILL.
+struct Crashable {
+    crash: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    events: mpsc::UnboundedReceiver<LeadershipEvent>,
+}
+
+impl Crashable {
+    fn start<S: Store>(store: &S, id: &str) -> Crashable {
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (crash, crashed) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (store, id) = (store.clone(), id.to_owned());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            std::thread::spawn(move || {
+                let _ = crashed.recv();
+                let _ = stop_tx.send(());
+            });
+            runtime.block_on(async move {
+                let backend = store.connect().await;
+                let mut campaign = election(backend, &id, store.ttl()).campaign();
+                let _ = started_tx.send(());
+                tokio::select! {
+                    _ = stop_rx => {}
+                    () = async {
+                        while let Some(e) = campaign.recv().await {
+                            let _ = events_tx.send(e);
+                        }
+                    } => {}
+                }
+                std::mem::forget(campaign); // no graceful shutdown: this is a crash
+            });
+            // Dropping the runtime drops every task mid-flight.
+        });
+        started.recv().expect("the candidate started");
+        Crashable {
+            crash: Some(crash),
+            thread: Some(thread),
+            events,
+        }
+    }
+
+    fn crash(&mut self) {
+        drop(self.crash.take());
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the crashed candidate's thread");
+        }
+    }
+}
+
+impl Drop for Crashable {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+pub async fn one_leader_among_many<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut candidates = Vec::new();
+    for i in 0..3 {
+        candidates.push(Local::start(election(
+            store.connect().await,
+            &format!("c{i}"),
+            ttl,
+        )));
+    }
+    let deadline = Instant::now() + ttl * 5;
+    loop {
+        let leaders = candidates
+            .iter()
+            .filter(|c| c.campaign.status().borrow().is_leader())
+            .count();
+        assert!(leaders <= 1, "{leaders} leaders at once");
+        if leaders == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no leader within {:?}", ttl * 5);
+        sleep(Duration::from_millis(10)).await;
+    }
+    // Stable: still exactly one, and every follower names it.
+    sleep(ttl * 2).await;
+    let statuses: Vec<_> = candidates
+        .iter()
+        .map(|c| c.campaign.status().borrow().clone())
+        .collect();
+    let leaders: Vec<_> = statuses.iter().filter(|s| s.is_leader()).collect();
+    assert_eq!(leaders.len(), 1);
+    let leader = leaders[0].candidate.id.clone();
+    for s in &statuses {
+        assert_eq!(
+            s.leader.as_ref().map(|l| l.candidate.id.clone()),
+            Some(leader.clone()),
+            "{s:?}"
+        );
+    }
+}
+
+pub async fn hand_off_on_resign<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let mut b = Local::start(election(store.connect().await, "b", ttl));
+    sleep(ttl / 2).await;
+    a.campaign.resign().await.expect("resign");
+    assert!(first.is_cancelled());
+    assert_eq!(demoted(&mut a.events, ttl).await, DemotionReason::Resigned);
+    // The follower is woken by the store, not by a timer: well within a ttl.
+    let second = elected(&mut b.events, ttl).await;
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "{} then {}",
+        first.fencing_token(),
+        second.fencing_token()
+    );
+}
+
+pub async fn failover_after_the_leader_crashes<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Crashable::start(&store, "a");
+    let first = elected(&mut a.events, ttl * 5).await;
+    let mut b = Local::start(election(store.connect().await, "b", ttl));
+    sleep(ttl / 2).await;
+    let crashed = Instant::now();
+    a.crash();
+    // The store frees the lock when the session expires: a ttl at the most (2 x ttl for
+    // stores that only promise ttl as a lower bound), plus a margin for the hand-off.
+    let second = elected(&mut b.events, ttl * 2 + Duration::from_secs(2)).await;
+    assert!(second.fencing_token() > first.fencing_token());
+    println!("failover after crash: {:?}", crashed.elapsed());
+}
+
+/// A ledger of terms as the workers saw them: (token, start, end).
+type Ledger = Arc<Mutex<Vec<(u64, Instant, Instant)>>>;
+
+pub async fn a_partitioned_leader_fences_itself_and_terms_never_overlap<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let ledger: Ledger = Arc::default();
+    let worker = |ledger: Ledger| {
+        move |term: Term| {
+            let ledger = ledger.clone();
+            async move {
+                let start = Instant::now();
+                term.cancelled().await;
+                ledger
+                    .lock()
+                    .unwrap()
+                    .push((term.fencing_token(), start, Instant::now()));
+            }
+        }
+    };
+    let (a_backend, partition) = store.connect_partitionable().await;
+    let a = election(a_backend, "a", ttl);
+    let b = election(store.connect().await, "b", ttl);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut runs = Vec::new();
+    for e in [a, b] {
+        let w = worker(ledger.clone());
+        let mut stopped = stopped.clone();
+        runs.push(tokio::spawn(async move {
+            e.run_until(w, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+        }));
+        sleep(ttl / 2).await;
+    }
+    // Cut the leader (whichever it is, a is first) off a few times.
+    for _ in 0..2 {
+        partition.cut();
+        sleep(ttl * 3).await;
+        partition.heal();
+        sleep(ttl * 2).await;
+    }
+    stop.send_replace(true);
+    for run in runs {
+        timeout(ttl * 5, run)
+            .await
+            .expect("stopped in time")
+            .expect("join")
+            .expect("run_until");
+    }
+    let mut terms = ledger.lock().unwrap().clone();
+    assert!(
+        terms.len() >= 2,
+        "leadership moved during the partitions: {terms:?}"
+    );
+    terms.sort_by_key(|t| t.1);
+    for pair in terms.windows(2) {
+        assert!(pair[0].2 <= pair[1].1, "terms overlap: {pair:?}");
+        assert!(pair[0].0 < pair[1].0, "tokens did not grow: {pair:?}");
+    }
+}
+
+pub async fn a_session_expired_while_waiting_never_leads<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let a_term = elected(&mut a.events, ttl * 5).await;
+    let b_backend = store.connect().await;
+    let mut b = Local::start(election(b_backend.clone(), "b", ttl));
+    sleep(ttl / 2).await;
+    store.expire_sessions(&b_backend).await;
+    a.campaign.shutdown().await.expect("shutdown");
+    let b_term = elected(&mut b.events, ttl * 5).await;
+    assert!(b_term.fencing_token() > a_term.fencing_token());
+    // What the store says agrees: b holds the lock, with b's token, and keeps it.
+    sleep(ttl * 2).await;
+    assert!(!b_term.is_cancelled(), "b lost the term it was given");
+    let mut observer = store
+        .connect()
+        .await
+        .observe(ELECTION)
+        .await
+        .expect("observe");
+    let holder = observer.next().await.expect("read").expect("a holder");
+    assert_eq!(holder.candidate.id, "b");
+    if let Some(token) = holder.fencing_token {
+        assert_eq!(token, b_term.fencing_token());
+    }
+}
+
+pub async fn observe_reports_every_leader_change<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut observer = store
+        .connect()
+        .await
+        .observe(ELECTION)
+        .await
+        .expect("observe");
+    let (tx, mut seen) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(leader) = observer.next().await {
+            if tx.send(leader.map(|l| l.candidate.id)).is_err() {
+                return;
+            }
+        }
+    });
+    let mut order = Vec::new();
+    for id in ["a", "b", "c"] {
+        let mut c = Local::start(election(store.connect().await, id, ttl));
+        elected(&mut c.events, ttl * 5).await;
+        // Give a polling observer time to read it before the next change.
+        sleep(ttl).await;
+        c.campaign.shutdown().await.expect("shutdown");
+        order.push(id.to_owned());
+    }
+    sleep(ttl).await;
+    let mut reported = Vec::new();
+    while let Ok(leader) = seen.try_recv() {
+        if let Some(id) = leader
+            && reported.last() != Some(&id)
+        {
+            reported.push(id);
+        }
+    }
+    assert_eq!(reported, order, "observed leaders in order");
+}

@@ -1,0 +1,49 @@
+//! The conformance suite: the same behavioural tests against every backend, on real stores.
+//!
+//! Each test body in `bodies` is generic over a [`Store`] fixture; the `conformance!` lines
+//! at the bottom instantiate the bodies that apply to each backend. A new backend adds a
+//! fixture in `stores` and one line here.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod bodies;
+mod stores;
+
+/// Instantiates test bodies for one store fixture.
+macro_rules! conformance {
+    ($module:ident, $store:ty, [$($test:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    crate::bodies::$test::<$store>().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    memory,
+    crate::stores::Memory,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        a_session_expired_while_waiting_never_leads,
+        observe_reports_every_leader_change,
+    ]
+);
+
+conformance!(
+    file,
+    crate::stores::File,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        observe_reports_every_leader_change,
+    ]
+);
