@@ -1,5 +1,171 @@
-//! incumbent
+//! Leader election for tokio services, on the coordination store you already run.
+//!
+//! Run several copies of a service; `incumbent` makes exactly one of them the leader of a
+//! named election and hands it a [`Term`]: a cancellation token that fires the moment
+//! leadership can no longer be trusted, and a [fencing token](Term::fencing_token) that
+//! grows with every new term. When the leader dies, resigns or is cut off, another copy
+//! takes over, in milliseconds where the store can tell it at once.
+//!
+//! # A singleton worker
+//!
+//! [`Election::run`] runs a worker only while this process leads, cancels it on loss, waits
+//! for it (up to a grace) before releasing the lock, and runs it again when re-elected:
+//!
+//! ```
+//! use std::time::Duration;
+//! use incumbent::{Election, memory::MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+//! # let backend = MemoryBackend::new();
+//! // `backend` is any backend: file::FileBackend::new() for processes of one host,
+//! // or etcd, Consul (see their modules). Here, the in-process memory backend.
+//! let election = Election::builder(backend, "jobs/index-builder")
+//!     .candidate("host-a:8080")
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?; // invalid settings are a typed error, never a panic
+//!
+//! # let (stop, stopped) = tokio::sync::oneshot::channel::<()>(); let _ = stop.send(());
+//! election
+//!     .run_until(
+//!         |term| async move {
+//!             while !term.is_cancelled() {
+//!                 // ... one step of the job, stamped with term.fencing_token() ...
+//!                 # break;
+//!             }
+//!         },
+//!         async { let _ = stopped.await; }, // e.g. tokio::signal::ctrl_c()
+//!     )
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! A worker that returns, fails or panics while leading makes the candidate resign and
+//! campaign again after the back-off; [`OnWorkerExit::Stop`] makes `run` return instead.
+//!
+//! # Events, status and callbacks
+//!
+//! [`Election::campaign`] starts a [`Campaign`]: a [`Stream`](futures_core::Stream) of
+//! [`LeadershipEvent`]s (elected, demoted with a [`DemotionReason`], leader changed), a
+//! [`Status`] in a [`watch`](tokio::sync::watch) channel for health endpoints, and
+//! [`resign`](CampaignHandle::resign) / [`shutdown`](CampaignHandle::shutdown):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+//! use incumbent::{Election, LeadershipEvent, memory::MemoryBackend};
+//!
+//! let election = Election::builder(MemoryBackend::new(), "scheduler").build()?;
+//! let mut campaign = election.campaign();
+//! let status = campaign.status(); // status.borrow().is_leader(), .leader, .problem ...
+//! while let Some(event) = campaign.recv().await {
+//!     match event {
+//!         LeadershipEvent::Elected(term) => {
+//!             println!("leading, term {}", term.fencing_token());
+//!             # break;
+//!         }
+//!         LeadershipEvent::Demoted { reason, .. } => println!("lost it: {reason}"),
+//!         LeadershipEvent::LeaderChanged(leader) => println!("leader is now {leader:?}"),
+//!     }
+//! }
+//! # assert!(status.borrow().is_leader());
+//! campaign.shutdown().await?; // cancel, release the lock, close the session
+//! # Ok(()) }
+//! ```
+//!
+//! The builder's [`on_elected`](ElectionBuilder::on_elected),
+//! [`on_demoted`](ElectionBuilder::on_demoted) and
+//! [`on_leader_changed`](ElectionBuilder::on_leader_changed) take async closures, run in
+//! a task of their own, in order; a slow callback never stalls the campaign.
+//!
+//! # Fencing tokens
+//!
+//! A leader can be paused (GC, a stopped VM, a slow disk) past its lease and wake up still
+//! believing it leads. Self-fencing (below) makes that window small; fencing tokens close
+//! it: send [`Term::fencing_token`] with every write to a downstream system and have it
+//! reject any token lower than the highest it has seen.
+//!
+//! ```
+//! use std::sync::Mutex;
+//!
+//! /// A downstream store that rejects writes from stale leaders.
+//! struct Fenced { highest: Mutex<u64>, data: Mutex<Vec<String>> }
+//!
+//! impl Fenced {
+//!     fn write(&self, token: u64, value: &str) -> Result<(), String> {
+//!         let mut highest = self.highest.lock().unwrap();
+//!         if token < *highest {
+//!             return Err(format!("stale leader: token {token} < {}", *highest));
+//!         }
+//!         *highest = token; // check and write under one lock (or one transaction)
+//!         self.data.lock().unwrap().push(value.to_owned());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let store = Fenced { highest: Mutex::new(0), data: Mutex::new(vec![]) };
+//! assert!(store.write(7, "from term 7").is_ok());
+//! assert!(store.write(6, "from a paused old leader").is_err());
+//! ```
+//!
+//! In SQL: `UPDATE jobs SET ..., token = $1 WHERE id = $2 AND token <= $1`. Each backend
+//! documents where its token comes from (etcd: the leader key's create revision; Consul: the
+//! key's ModifyIndex at acquisition; file and memory: a counter written under the lock).
+//!
+//! # Self-fencing and timing
+//!
+//! Three durations, checked against each other by [`ElectionBuilder::build`]:
+//!
+//! - `ttl` (default 10 s): how long the store keeps our session without renewal, so how long
+//!   a crashed leader keeps the lock;
+//! - `renew_interval` (default ttl/3): how often the session is renewed;
+//! - `renew_deadline` (default 2/3 ttl, at most 4/5): a leader that has not had a renewal
+//!   *confirmed* within this long, counted from when that renewal was *sent*, cancels its
+//!   term. The store restarts the ttl no earlier than it receives the renewal, so the lease
+//!   cannot expire before `send time + ttl`; cancelling at `send time + renew_deadline`
+//!   leaves `ttl - renew_deadline` for the worker to notice before anyone else can win.
+//!
+//! What this does *not* guarantee: it relies on the leader's clock and the store's clock
+//! running at about the same *rate* (not on them agreeing on the time). A process frozen
+//! for longer than the margin between its last check and the lease's expiry can still act
+//! late; that is what fencing tokens are for. Consul only promises its TTL as a lower bound,
+//! and Redis and memcached are not consensus systems: their modules say what they cannot
+//! survive.
+//!
+//! # Promises
+//!
+//! 1. At most one trusted leader: the term is cancelled before the store can grant the lock
+//!    to anyone else.
+//! 2. Fencing tokens are strictly greater for every new term of an election.
+//! 3. Every loss is reported, with its [`DemotionReason`].
+//! 4. After any loss the campaign goes on by itself, after a cool-down: the store's
+//!    lock-delay (waking exactly when it ends) or the jittered back-off. No hot loops, even
+//!    while the store is down; the [`Status`] says why it waits.
+//! 5. Graceful hand-off: cancel the worker, wait for it (bounded by the grace), *then*
+//!    release and close the session, so the next leader starts at once and never overlaps.
+//! 6. Followers do not poll where the store can notify: they wait in the kernel (file),
+//!    on a watch of their predecessor (etcd) or a blocking query (Consul).
+//! 7. Bad input gets a typed [`Error`] whose message says what to do.
+//!
+//! # Backends
+//!
+//! | backend | feature | for |
+//! |---|---|---|
+//! | [`memory`] | always | tasks of one process; tests with paused time and injected faults |
+//! | `file` | `file` (default) | processes of one host, through a lock file; no server |
+//! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, predecessor watches |
+//! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
+//!
+//! The names `zookeeper`, `redis` and `memcached` are reserved for backends to come.
+//! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
+//! means implementing the contract in [`backend`].
+//!
+//! # Observability
+//!
+//! Every campaign runs in a `tracing` span `election{election, candidate, backend}`, each
+//! term in a span `term{term}`, with an event at every transition. Metrics go through the
+//! [`metrics`](https://docs.rs/metrics) facade; their names and labels are listed in
+//! [`mod@metrics`].
 #![deny(missing_docs)]
+
 
 pub mod backend;
 mod campaign;
@@ -14,6 +180,7 @@ pub mod file;
 pub mod memory;
 pub mod metrics;
 mod term;
+pub mod url;
 
 pub use backend::{Candidate, FencingToken, Leader};
 pub use campaign::{Campaign, CampaignHandle, Events};
