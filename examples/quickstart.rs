@@ -62,7 +62,7 @@ async fn candidate(name: &str, dir: &str) -> Result<(), Box<dyn std::error::Erro
                     report(json!({"event": "demoted", "token": fencing_token, "reason": reason.as_str()}));
                 }
                 Some(LeadershipEvent::LeaderChanged(leader)) => {
-                    report(json!({"event": "leader", "leader": leader.map(|l| l.candidate.id)}));
+                    report(json!({"event": "leader", "leader": leader.map(|l| l.candidate.id.clone())}));
                 }
                 None => return Ok(()),
             },

@@ -763,7 +763,7 @@ impl<B: Backend> Engine<B> {
         self.seen_leader = Some(leader.clone());
         self.status.send_modify(|s| s.leader = leader.clone());
         self.subscribers
-            .send(&LeadershipEvent::LeaderChanged(leader));
+            .send(&LeadershipEvent::LeaderChanged(leader.map(Arc::new)));
     }
 
     fn labels_base(&self) -> Vec<::metrics::Label> {

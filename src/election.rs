@@ -22,7 +22,7 @@ type Callback<T> = Arc<dyn Fn(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + S
 struct Callbacks {
     elected: Option<Callback<Term>>,
     demoted: Option<Callback<DemotionReason>>,
-    leader_changed: Option<Callback<Option<Leader>>>,
+    leader_changed: Option<Callback<Option<Arc<Leader>>>>,
 }
 
 impl Callbacks {
@@ -183,7 +183,7 @@ impl<B: Backend> ElectionBuilder<B> {
     /// included. See [`on_elected`](Self::on_elected) for how callbacks run.
     pub fn on_leader_changed<F, Fut>(mut self, f: F) -> Self
     where
-        F: Fn(Option<Leader>) -> Fut + Send + Sync + 'static,
+        F: Fn(Option<Arc<Leader>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.callbacks.leader_changed = Some(Arc::new(move |l| Box::pin(f(l))));

@@ -1,6 +1,7 @@
 //! What the campaign tells the application: events and status.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio::time::Instant;
@@ -21,7 +22,8 @@ pub enum LeadershipEvent {
         reason: DemotionReason,
     },
     /// The leader this candidate sees changed (`None`: nobody leads). Also sent for itself.
-    LeaderChanged(Option<Leader>),
+    /// Shared, since every subscriber gets a copy of every event.
+    LeaderChanged(Option<Arc<Leader>>),
 }
 
 /// Why a term ended.

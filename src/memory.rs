@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::pool::{Poolable, SessionPool, Shared};
 use crate::backend::{
     Attempt, Backend, BackendInfo, Candidate, Contender, FencingToken, Leader, LockLoss, Observer,
     Session, SessionHealth, SessionOptions, Wakeup, unix_ms_now,
@@ -104,6 +105,7 @@ struct Client {
     reachability: watch::Sender<Reachability>,
     latency: Mutex<Duration>,
     requests: AtomicU64,
+    sessions: SessionPool<Lease>,
 }
 
 impl Default for MemoryBackend {
@@ -134,6 +136,7 @@ impl MemoryBackend {
             reachability: watch::Sender::new(Reachability::Reachable),
             latency: Mutex::new(Duration::ZERO),
             requests: AtomicU64::new(0),
+            sessions: SessionPool::default(),
         })
     }
 
@@ -309,6 +312,29 @@ impl Backend for MemoryBackend {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<MemorySession> {
+        let shared = self
+            .client
+            .sessions
+            .join(options, || self.create_lease(options))
+            .await?;
+        Ok(MemorySession { shared })
+    }
+
+    async fn observe(&self, election: &str) -> Result<MemoryObserver> {
+        self.gate().await?;
+        let version = self.store.lock().election(election).version.subscribe();
+        Ok(MemoryObserver {
+            backend: self.clone(),
+            election: election.to_owned(),
+            version,
+            started: false,
+        })
+    }
+}
+
+impl MemoryBackend {
+    /// Creates a session in the store and starts keeping it alive.
+    async fn create_lease(&self, options: &SessionOptions) -> Result<Lease> {
         let sent = Instant::now();
         self.gate().await?;
         let id = self.store.next_id.fetch_add(1, Ordering::Relaxed);
@@ -334,26 +360,13 @@ impl Backend for MemoryBackend {
             let client = client.clone();
             async move { client.renew(id).await }
         });
-        Ok(MemorySession {
+        Ok(Lease {
             backend: self.clone(),
             id,
             keepalive,
         })
     }
 
-    async fn observe(&self, election: &str) -> Result<MemoryObserver> {
-        self.gate().await?;
-        let version = self.store.lock().election(election).version.subscribe();
-        Ok(MemoryObserver {
-            backend: self.clone(),
-            election: election.to_owned(),
-            version,
-            started: false,
-        })
-    }
-}
-
-impl MemoryBackend {
     async fn renew(&self, id: u64) -> Result<Renewal> {
         let sent = Instant::now();
         self.gate().await?;
@@ -395,36 +408,51 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
-/// A session in a [`MemoryBackend`]: not shared between elections (sessions cost nothing here).
+/// A session in a [`MemoryBackend`]. The elections of one client with equal session options
+/// share one session, as with the stores.
 #[derive(Debug)]
 pub struct MemorySession {
+    shared: Shared<Lease>,
+}
+
+/// The store session behind [`MemorySession`]s.
+#[derive(Debug)]
+pub struct Lease {
     backend: MemoryBackend,
     id: u64,
     keepalive: KeepAlive,
+}
+
+impl Poolable for Lease {
+    fn health(&self) -> watch::Receiver<SessionHealth> {
+        self.keepalive.health()
+    }
+
+    async fn destroy(&self) -> Result<()> {
+        self.keepalive.stop();
+        self.backend.gate().await?;
+        self.backend.store.lock().invalidate(self.id, false);
+        Ok(())
+    }
 }
 
 impl Session for MemorySession {
     type Contender = MemoryContender;
 
     fn id(&self) -> String {
-        self.id.to_string()
+        self.shared.id.to_string()
     }
 
     fn health(&self) -> watch::Receiver<SessionHealth> {
-        self.keepalive.health()
+        self.shared.keepalive.health()
     }
 
     async fn contend(&self, election: &str, candidate: &Candidate) -> Result<MemoryContender> {
-        let version = self
-            .backend
-            .store
-            .lock()
-            .election(election)
-            .version
-            .subscribe();
+        let backend = &self.shared.backend;
+        let version = backend.store.lock().election(election).version.subscribe();
         Ok(MemoryContender {
-            backend: self.backend.clone(),
-            session: self.id,
+            backend: backend.clone(),
+            session: self.shared.id,
             election: election.to_owned(),
             candidate: candidate.clone(),
             version,
@@ -432,10 +460,7 @@ impl Session for MemorySession {
     }
 
     async fn close(self) -> Result<()> {
-        self.keepalive.stop();
-        self.backend.gate().await?;
-        self.backend.store.lock().invalidate(self.id, false);
-        Ok(())
+        self.shared.close().await
     }
 }
 

@@ -310,7 +310,7 @@ async fn followers_see_every_leader_change() {
     let mut seen = Vec::new();
     while let Ok(Some(event)) = timeout(Duration::from_millis(1), loser.recv()).await {
         if let LeadershipEvent::LeaderChanged(leader) = event {
-            seen.push(leader.map(|l| l.candidate.id));
+            seen.push(leader.map(|l| l.candidate.id.clone()));
         }
     }
     assert_eq!(seen.first(), Some(&Some("a".to_owned())), "{seen:?}");
@@ -570,7 +570,7 @@ async fn callbacks_are_called_in_order() {
             let log = l3.clone();
             async move {
                 let id = leader
-                    .map(|l| l.candidate.id)
+                    .map(|l| l.candidate.id.clone())
                     .unwrap_or_else(|| "none".into());
                 log.lock().unwrap().push(format!("leader {id}"))
             }
@@ -590,7 +590,7 @@ async fn callbacks_are_called_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn many_elections_share_nothing_but_the_store() {
+async fn many_elections_of_one_client_share_one_session() {
     let store = MemoryBackend::new();
     let mut campaigns = Vec::new();
     for i in 0..100 {
@@ -603,6 +603,15 @@ async fn many_elections_share_nothing_but_the_store() {
     for c in &mut campaigns {
         assert_eq!(elected(c, TTL).await.fencing_token(), 1);
     }
+    assert_eq!(
+        store.session_count(),
+        1,
+        "one session carries every election"
+    );
+    for c in campaigns {
+        c.shutdown().await.expect("shutdown");
+    }
+    assert_eq!(store.session_count(), 0, "closed with the last election");
 }
 
 #[test]

@@ -19,6 +19,7 @@
 //! read it before writing a backend.
 
 pub mod keepalive;
+pub mod pool;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,0 +1,59 @@
+//! Failover and hand-off figures, printed (never asserted).
+//!
+//! ```text
+//! cargo bench --bench failover --all-features            # every backend
+//! cargo bench --bench failover -- memory file            # only these sections
+//! ```
+//!
+//! Each section prints medians and p99s over many rounds, measured in this one run, so the
+//! figures can be compared with each other; these machines are shared and noisy.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod common;
+
+use std::time::Duration;
+
+use incumbent::memory::MemoryBackend;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    println!("machine: {}", common::machine());
+    if wanted("memory") {
+        memory().await;
+    }
+    #[cfg(all(feature = "file", unix))]
+    if wanted("file") {
+        file().await;
+    }
+}
+
+async fn memory() {
+    println!("\n## memory");
+    let store = MemoryBackend::new();
+    let ttl = Duration::from_secs(3);
+    let handoff = common::handoff_rounds(|| store.client(), ttl, 200).await;
+    common::print_latencies("hand-off after resign", &handoff);
+    common::elections_at_scale("memory", 10_000, || store.clone()).await;
+    common::idle_cpu("memory", || store.client(), ttl, Duration::from_secs(5)).await;
+}
+
+#[cfg(all(feature = "file", unix))]
+async fn file() {
+    use incumbent::file::FileBackend;
+    println!("\n## file");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ttl = Duration::from_secs(3);
+    let backend = || FileBackend::in_dir(dir.path());
+    let handoff = common::handoff_rounds(backend, ttl, 200).await;
+    common::print_latencies("hand-off after resign", &handoff);
+    let crash = common::crash_rounds(backend, ttl, 30).await;
+    common::print_latencies("failover after a crash (fd closed, as on kill -9)", &crash);
+    common::idle_cpu("file", backend, ttl, Duration::from_secs(5)).await;
+}
