@@ -1,0 +1,102 @@
+//! Every metric named in `incumbent::metrics` is recorded, with its labels. A test binary of
+//! its own: it installs the process-wide recorder.
+
+use std::time::Duration;
+
+use incumbent::memory::MemoryBackend;
+use incumbent::{Election, LeadershipEvent, metrics as names};
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+type Snapshot = Vec<(
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+/// One snapshot (taking it drains counters and histograms, so take one per check-point).
+fn snapshot(snapshotter: &Snapshotter) -> Snapshot {
+    snapshotter.snapshot().into_vec()
+}
+
+fn find<'a>(snapshot: &'a Snapshot, name: &str, labels: &[(&str, &str)]) -> Option<&'a DebugValue> {
+    snapshot
+        .iter()
+        .find(|(key, _, _, _)| {
+            key.key().name() == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| key.key().labels().any(|l| l.key() == *k && l.value() == *v))
+        })
+        .map(|(_, _, _, value)| value)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_term_records_every_metric() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+
+    let store = MemoryBackend::new();
+    let mut campaign = Election::builder(store.clone(), "metered")
+        .candidate("a")
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("valid")
+        .campaign();
+    while !matches!(campaign.recv().await, Some(LeadershipEvent::Elected(_))) {}
+    tokio::time::sleep(Duration::from_secs(3)).await; // a few renewals
+
+    let who = [("election", "metered"), ("candidate", "a")];
+    let snap = snapshot(&snapshotter);
+    assert_eq!(
+        find(&snap, names::IS_LEADER, &who),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    assert_eq!(
+        find(&snap, names::ELECTIONS_WON, &who),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        find(
+            &snap,
+            names::CAMPAIGN_ATTEMPTS,
+            &[("election", "metered"), ("result", "won")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    match find(
+        &snap,
+        names::RENEWALS,
+        &[("backend", "memory"), ("result", "ok")],
+    ) {
+        Some(DebugValue::Counter(n)) => assert!(*n >= 2, "{n} renewals"),
+        other => panic!("renewals: {other:?}"),
+    }
+    assert!(matches!(
+        find(&snap, names::RENEW_LATENCY, &[("backend", "memory")]),
+        Some(DebugValue::Histogram(h)) if !h.is_empty()
+    ));
+    assert!(matches!(
+        find(&snap, names::TIME_TO_LEADER, &who),
+        Some(DebugValue::Histogram(h)) if h.len() == 1
+    ));
+
+    campaign.resign().await.expect("resign");
+    let snap = snapshot(&snapshotter);
+    assert_eq!(
+        find(&snap, names::IS_LEADER, &who),
+        Some(&DebugValue::Gauge(0.0.into()))
+    );
+    assert_eq!(
+        find(
+            &snap,
+            names::DEMOTIONS,
+            &[("election", "metered"), ("reason", "resigned")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+}
