@@ -10,7 +10,8 @@
 //! the store fail or hang for one client (one candidate), [`set_latency`](MemoryBackend::set_latency)
 //! delays its calls, [`expire_sessions`](MemoryBackend::expire_sessions) invalidates its
 //! sessions, [`delete`](MemoryBackend::delete) removes an election's holder as an operator
-//! would, and [`impose_lock_delay`](MemoryBackend::impose_lock_delay) blocks acquisition.
+//! would, [`force_holder`](MemoryBackend::force_holder) hands the lock to someone else, and
+//! [`impose_lock_delay`](MemoryBackend::impose_lock_delay) blocks acquisition.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
@@ -177,6 +178,22 @@ impl MemoryBackend {
             if let Some(entry) = state.elections.get(election) {
                 entry.version.send_modify(|v| *v += 1);
             }
+        }
+    }
+
+    /// Gives `election`'s lock to `leader`, under a session no candidate owns, as an
+    /// operator or a misbehaving client writing the key would. The holder loses the lock
+    /// ([`LockLoss::Taken`]); nobody can acquire it until [`delete`](Self::delete).
+    pub fn force_holder(&self, election: &str, leader: Leader) {
+        let session = self.store.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.store.lock();
+        let entry = state.election(election);
+        let previous = entry.holder.replace(Holding { session, leader });
+        entry.version.send_modify(|v| *v += 1);
+        if let Some(previous) = previous
+            && let Some(owner) = state.sessions.get_mut(&previous.session)
+        {
+            owner.held.remove(election);
         }
     }
 

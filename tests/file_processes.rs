@@ -137,3 +137,31 @@ async fn a_resigning_process_hands_off_and_tokens_survive_restarts() {
         "token {second} then {third} after a restart"
     );
 }
+
+#[tokio::test]
+async fn a_deleted_lock_file_demotes_the_leader_with_key_deleted() {
+    use incumbent::{DemotionReason, Election, LeadershipEvent, file::FileBackend};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut campaign = Election::builder(FileBackend::in_dir(dir.path()), "jobs/x")
+        .candidate("a")
+        .build()
+        .expect("valid")
+        .campaign();
+    let term = loop {
+        if let Some(LeadershipEvent::Elected(term)) = campaign.recv().await {
+            break term;
+        }
+    };
+    std::fs::remove_file(dir.path().join("jobs+x.lock")).expect("remove the lock file");
+    let reason = timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(LeadershipEvent::Demoted { reason, .. }) = campaign.recv().await {
+                return reason;
+            }
+        }
+    })
+    .await
+    .expect("demoted within the lock check interval");
+    assert_eq!(reason, DemotionReason::KeyDeleted);
+    assert!(term.is_cancelled());
+}

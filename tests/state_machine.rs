@@ -187,6 +187,29 @@ async fn a_deleted_key_demotes_the_leader_with_key_deleted() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lock_taken_by_someone_else_demotes_the_leader_with_lock_taken() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let intruder = incumbent::Leader {
+        candidate: incumbent::Candidate {
+            id: "intruder".into(),
+            metadata: Default::default(),
+        },
+        fencing_token: None,
+        since_unix_ms: None,
+    };
+    store.force_holder(NAME, intruder);
+    assert_eq!(demoted(&mut a, TTL).await, DemotionReason::LockTaken);
+    assert!(term.is_cancelled());
+    // It follows the new holder, and takes over once the key is cleared.
+    sleep(TTL).await;
+    assert_eq!(a.status().borrow().role, Role::Follower);
+    store.delete(NAME);
+    assert!(elected(&mut a, TTL).await.fencing_token() > term.fencing_token());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_lock_delay_is_waited_out_exactly_not_polled() {
     let store = MemoryBackend::new();
     let delay = Duration::from_secs(15);
