@@ -207,6 +207,10 @@ impl BackendUrl {
     }
 }
 
+#[cfg_attr(
+    all(feature = "file", unix, feature = "etcd", feature = "consul"),
+    allow(dead_code)
+)]
 fn not_compiled(feature: &'static str) -> Error {
     Error::InvalidConfig {
         backend: feature,
@@ -230,6 +234,26 @@ async fn connect_file<V: WithBackend>(_dir: Option<PathBuf>, _code: V) -> Result
     Err(not_compiled("file"))
 }
 
+#[cfg(feature = "etcd")]
+async fn connect_etcd<V: WithBackend>(
+    endpoints: &[String],
+    prefix: Option<&str>,
+    code: V,
+) -> Result<V::Output> {
+    let mut builder = crate::etcd::EtcdBackend::builder(endpoints.iter().cloned());
+    if let Some(prefix) = prefix {
+        builder = builder.prefix(prefix);
+    }
+    if let Ok(user) = std::env::var("INCUMBENT_ETCD_USER")
+        && !user.is_empty()
+    {
+        let password = std::env::var("INCUMBENT_ETCD_PASSWORD").unwrap_or_default();
+        builder = builder.user(user, password);
+    }
+    Ok(code.call(builder.connect().await?).await)
+}
+
+#[cfg(not(feature = "etcd"))]
 async fn connect_etcd<V: WithBackend>(
     _endpoints: &[String],
     _prefix: Option<&str>,
@@ -238,6 +262,25 @@ async fn connect_etcd<V: WithBackend>(
     Err(not_compiled("etcd"))
 }
 
+#[cfg(feature = "consul")]
+async fn connect_consul<V: WithBackend>(
+    address: &str,
+    prefix: Option<&str>,
+    code: V,
+) -> Result<V::Output> {
+    use crate::consul::{ConsulBackend, ConsulConfig};
+    let mut config = ConsulConfig::new(address);
+    if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
+        config = config.token(token);
+    }
+    let mut builder = ConsulBackend::builder(config);
+    if let Some(prefix) = prefix {
+        builder = builder.prefix(prefix);
+    }
+    Ok(code.call(builder.build()?).await)
+}
+
+#[cfg(not(feature = "consul"))]
 async fn connect_consul<V: WithBackend>(
     _address: &str,
     _prefix: Option<&str>,

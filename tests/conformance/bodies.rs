@@ -262,13 +262,12 @@ pub async fn a_partitioned_leader_fences_itself_and_terms_never_overlap<S: Store
         }));
         sleep(ttl / 2).await;
     }
-    // Cut the leader (whichever it is, a is first) off a few times.
-    for _ in 0..2 {
-        partition.cut();
-        sleep(ttl * 3).await;
-        partition.heal();
-        sleep(ttl * 2).await;
-    }
+    // Cut the leader (a, the first) off for long enough that the store expires its session
+    // (Consul may take up to 2 x ttl) and b takes over; then let a rejoin as a follower.
+    partition.cut();
+    sleep(ttl * 3).await;
+    partition.heal();
+    sleep(ttl * 2).await;
     stop.send_replace(true);
     for run in runs {
         timeout(ttl * 5, run)
@@ -353,4 +352,60 @@ pub async fn observe_reports_every_leader_change<S: Store>() {
         }
     }
     assert_eq!(reported, order, "observed leaders in order");
+}
+
+pub async fn re_election_after_the_store_restarts<S: Store>() {
+    let (store, mut server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let b = Local::start(election(store.connect().await, "b", ttl));
+    sleep(ttl / 2).await;
+    S::restart(&mut server).await;
+    // Whatever the store lost, within a few ttls exactly one candidate leads again, and the
+    // store agrees on who.
+    let deadline = Instant::now() + ttl * 6;
+    let leader = loop {
+        let leaders: Vec<_> = [&a, &b]
+            .iter()
+            .map(|c| c.campaign.status().borrow().clone())
+            .filter(|s| s.is_leader())
+            .collect();
+        assert!(leaders.len() <= 1, "two leaders after the restart");
+        if let [status] = leaders.as_slice()
+            && (first.is_cancelled() || status.candidate.id == "a")
+        {
+            break status.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader within {:?} of the restart",
+            ttl * 6
+        );
+        sleep(Duration::from_millis(50)).await;
+    };
+    let mut observer = store
+        .connect()
+        .await
+        .observe(ELECTION)
+        .await
+        .expect("observe");
+    let holder = timeout(ttl * 3, async {
+        loop {
+            if let Ok(Some(holder)) = observer.next().await {
+                return holder;
+            }
+        }
+    })
+    .await
+    .expect("the store names a holder");
+    assert_eq!(holder.candidate.id, leader.candidate.id);
+    let token = leader.term.expect("a leader has a term").fencing_token();
+    assert!(token >= first.fencing_token());
+    if first.is_cancelled() {
+        assert!(
+            token > first.fencing_token(),
+            "a new term needs a greater token"
+        );
+    }
 }

@@ -47,3 +47,35 @@ conformance!(
         observe_reports_every_leader_change,
     ]
 );
+
+#[cfg(feature = "etcd")]
+conformance!(
+    etcd,
+    crate::stores::Etcd,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        a_session_expired_while_waiting_never_leads,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+    ]
+);
+
+// No `re_election_after_the_store_restarts` for Consul: a restarted dev agent comes back
+// empty, its indexes (and so fencing tokens) start over. tests/consul.rs checks re-election
+// after an agent restart; a real Consul server keeps its Raft log and its indexes.
+#[cfg(feature = "consul")]
+conformance!(
+    consul,
+    crate::stores::Consul,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        a_session_expired_while_waiting_never_leads,
+        observe_reports_every_leader_change,
+    ]
+);

@@ -60,7 +60,6 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
 
     /// Restarts the store, keeping its data.
-    #[allow(dead_code)] // used by the server fixtures, not by the embedded ones
     async fn restart(_server: &mut Self::Server) {
         unimplemented!("this store cannot be restarted")
     }
@@ -127,5 +126,139 @@ impl Store for File {
 
     fn ttl(&self) -> Duration {
         Duration::from_secs(1)
+    }
+}
+
+/// Consul: a `consul agent -dev` per test on loopback, with Consul's smallest ttl (10 s).
+///
+/// The backends use lock-delay 0: a crashed leader's session is invalidated up to 2 × ttl
+/// after its last renewal, and Consul's default 15 s lock-delay on top would exceed what the
+/// failover body allows. (tests/consul.rs covers lock-delays.)
+#[cfg(feature = "consul")]
+#[derive(Clone)]
+pub struct Consul {
+    http: std::net::SocketAddr,
+}
+
+#[cfg(feature = "consul")]
+impl Consul {
+    fn backend(address: String) -> incumbent::consul::ConsulBackend {
+        incumbent::consul::ConsulBackend::builder(incumbent::consul::ConsulConfig::new(address))
+            .lock_delay(Duration::ZERO)
+            .build()
+            .expect("valid consul settings")
+    }
+}
+
+#[cfg(feature = "consul")]
+impl Store for Consul {
+    type Backend = incumbent::consul::ConsulBackend;
+    type Server = crate::support::ConsulDev;
+
+    async fn start() -> (Self, crate::support::ConsulDev) {
+        let server = crate::support::ConsulDev::start().await;
+        (
+            Consul {
+                http: server.http_addr(),
+            },
+            server,
+        )
+    }
+
+    async fn connect(&self) -> incumbent::consul::ConsulBackend {
+        Self::backend(format!("http://{}", self.http))
+    }
+
+    fn ttl(&self) -> Duration {
+        incumbent::consul::MIN_TTL
+    }
+
+    /// A backend that reaches the agent through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::consul::ConsulBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.http));
+        let backend = Self::backend(format!("http://{}", proxy.addr()));
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Destroys every session the backend keeps alive, as an operator would.
+    async fn expire_sessions(&self, backend: &incumbent::consul::ConsulBackend) {
+        let admin = incumbent::consul::client::ConsulClient::new(
+            incumbent::consul::ConsulConfig::new(format!("http://{}", self.http)),
+        )
+        .expect("admin client");
+        for id in backend.session_ids() {
+            admin.session_destroy(&id).await.expect("destroy a session");
+        }
+    }
+
+    /// Restarts the agent on the same ports. A dev agent keeps no data: it comes back empty,
+    /// without sessions or keys.
+    async fn restart(server: &mut crate::support::ConsulDev) {
+        server.process().restart().await;
+    }
+}
+
+/// etcd: a single real server per test on loopback, with etcd's smallest ttl (2 s).
+#[cfg(feature = "etcd")]
+#[derive(Clone)]
+pub struct Etcd {
+    client: std::net::SocketAddr,
+}
+
+#[cfg(feature = "etcd")]
+impl Store for Etcd {
+    type Backend = incumbent::etcd::EtcdBackend;
+    type Server = crate::support::EtcdServer;
+
+    async fn start() -> (Self, crate::support::EtcdServer) {
+        let server = crate::support::EtcdServer::single().await;
+        (
+            Etcd {
+                client: server.client_addr(),
+            },
+            server,
+        )
+    }
+
+    async fn connect(&self) -> incumbent::etcd::EtcdBackend {
+        incumbent::etcd::EtcdBackend::connect([format!("http://{}", self.client)])
+            .await
+            .expect("connect to etcd")
+    }
+
+    fn ttl(&self) -> Duration {
+        incumbent::etcd::MIN_TTL
+    }
+
+    /// A backend that reaches etcd through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::etcd::EtcdBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.client));
+        let backend = incumbent::etcd::EtcdBackend::connect([format!("http://{}", proxy.addr())])
+            .await
+            .expect("connect to etcd through the proxy");
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Revokes every lease the backend keeps alive, as an operator would.
+    async fn expire_sessions(&self, backend: &incumbent::etcd::EtcdBackend) {
+        let mut admin = etcd_client::Client::connect([format!("http://{}", self.client)], None)
+            .await
+            .expect("admin client");
+        for id in backend.lease_ids() {
+            admin.lease_revoke(id).await.expect("revoke a lease");
+        }
+    }
+
+    /// Restarts the server on the same ports and data directory: keys and leases survive.
+    async fn restart(server: &mut crate::support::EtcdServer) {
+        server.process().restart().await;
     }
 }

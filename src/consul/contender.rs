@@ -1,0 +1,407 @@
+//! One session's claim on one election's key: acquire, block until it may be free, notice loss.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::time::sleep;
+
+use super::client::{ConsulError, KvResponse, PutOptions, QueryOptions};
+use super::session::Shared;
+use super::watch::PendingRead;
+use super::{ConsulBackend, NAME, WATCH_RETRY, error, holder, leader_of};
+use crate::backend::{Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, unix_ms_now};
+use crate::{Error, Result};
+
+/// Tells the contenders of one session apart, for [`Shared::claim`].
+static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
+
+/// One session's claim on one Consul election: the key `<prefix><election>`.
+///
+/// - [`acquire`](Contender::acquire) writes our [`Leader`] to the key with `?acquire=`. On
+///   success it reads the key back (consistently): its `ModifyIndex` is the fencing token.
+///   Calling it again while leading returns the same token. When Consul refuses though no
+///   session holds the key, a lock-delay is running: it returns
+///   [`Attempt::Delayed`] with when that delay ends (see the [module docs](super)).
+/// - [`wait`](Contender::wait) blocks on the key (a blocking query from the index of the last
+///   read) until its `Session` clears.
+/// - [`lost`](Contender::lost) blocks on the key with consistent reads while leading.
+/// - [`release`](Contender::release) releases the lock with `?release=`; a lock we do not
+///   hold is left alone.
+pub struct ConsulContender {
+    backend: ConsulBackend,
+    session: Arc<Shared>,
+    /// This contender, among those of its session.
+    id: u64,
+    key: String,
+    candidate: Candidate,
+    /// The value of our last acquisition; written again on release, so the key keeps
+    /// saying who led last.
+    value: Vec<u8>,
+    /// The fencing token while we hold the lock.
+    held: Option<FencingToken>,
+    /// The index of the last read of the key: blocking queries wait for a later one.
+    index: u64,
+    /// The blocking read of `wait` or `lost` in flight, kept when their future is dropped.
+    pending: PendingRead,
+    /// Consecutive failed reads in [`lost`](Contender::lost), for its back-off.
+    watch_failures: u32,
+    /// A loss seen by [`lost`](Contender::lost) and not yet reported, so that dropping its
+    /// future while it asks about the session loses nothing.
+    noticed: Option<Noticed>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Noticed {
+    /// The key is gone.
+    Missing,
+    /// The key has no session any more.
+    Cleared,
+}
+
+impl std::fmt::Debug for ConsulContender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsulContender")
+            .field("key", &self.key)
+            .field("session", &self.session.id)
+            .field("held", &self.held)
+            .field("index", &self.index)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConsulContender {
+    pub(super) fn new(
+        backend: ConsulBackend,
+        session: Arc<Shared>,
+        key: String,
+        candidate: Candidate,
+    ) -> Self {
+        ConsulContender {
+            backend,
+            session,
+            id: NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed),
+            key,
+            candidate,
+            value: Vec::new(),
+            held: None,
+            index: 0,
+            pending: PendingRead::default(),
+            watch_failures: 0,
+            noticed: None,
+        }
+    }
+
+    /// Reads the key, at once.
+    async fn read(&self, consistent: bool) -> Result<KvResponse> {
+        let options = QueryOptions {
+            consistent,
+            ..QueryOptions::default()
+        };
+        self.backend
+            .client()
+            .kv_get(&self.key, &options)
+            .await
+            .map_err(error::from_client)
+    }
+
+    /// Reads the key once its index passes the last one seen (or [`BLOCKING_WAIT`] passes);
+    /// at once when no index is known.
+    ///
+    /// [`BLOCKING_WAIT`]: super::BLOCKING_WAIT
+    async fn read_after_change(&mut self, consistent: bool) -> Result<KvResponse, ConsulError> {
+        self.pending
+            .read_after(self.backend.client(), &self.key, self.index, consistent)
+            .await
+    }
+
+    /// `PUT ?acquire=`: Consul's verdict.
+    async fn put_acquire(&self, value: &[u8]) -> Result<bool> {
+        let options = PutOptions {
+            acquire: Some(self.session.id.clone()),
+            ..PutOptions::default()
+        };
+        self.backend
+            .client()
+            .kv_put(&self.key, value, &options)
+            .await
+            .map_err(error::from_client)
+    }
+
+    /// After a successful acquisition: reads the key back, and takes its modify index as the
+    /// fencing token.
+    async fn confirm(&mut self) -> Result<Attempt> {
+        let read = self.read(true).await?;
+        self.index = read.index;
+        match read.entry {
+            Some(entry) if entry.session.as_deref() == Some(self.session.id.as_str()) => {
+                let fencing_token = entry.modify_index;
+                self.held = Some(fencing_token);
+                self.noticed = None;
+                self.watch_failures = 0;
+                self.backend
+                    .sightings()
+                    .ours(&self.key, &self.session.id, self.session.lock_delay);
+                Ok(Attempt::Won { fencing_token })
+            }
+            entry => {
+                self.session.unclaim(&self.key, self.id);
+                Err(Error::Store {
+                    backend: NAME,
+                    reason: format!(
+                        "the lock on {} was gone right after it was acquired (now held by {}); trying again",
+                        self.key,
+                        holder(entry.as_ref()).unwrap_or("nobody")
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Reads the lock-delay of a holder we have not seen before.
+    async fn learn(&self, session: &str) {
+        if !self.backend.sightings().holder(&self.key, session) {
+            return;
+        }
+        match self.backend.client().session_info(session).await {
+            Ok(Some(info)) => self
+                .backend
+                .sightings()
+                .learn(&self.key, session, info.lock_delay),
+            // Already gone: its lock goes soon, and its delay stays unknown.
+            Ok(None) => {}
+            Err(error) => tracing::debug!(%error, "could not read the lock holder's session"),
+        }
+    }
+
+    /// Why the lock went, once [`lost`](Contender::lost) saw it go: whether our session still
+    /// exists tells an invalidated session from an operator's delete or release.
+    async fn explain(&mut self, noticed: Noticed) -> LockLoss {
+        let gone = match self.backend.client().session_info(&self.session.id).await {
+            Ok(info) => Some(info.is_none()),
+            Err(error) => {
+                tracing::debug!(%error, "could not read our own session after losing the lock");
+                None
+            }
+        };
+        let loss = match (noticed, gone) {
+            (Noticed::Missing, Some(true)) => LockLoss::SessionLost,
+            (Noticed::Missing, _) => LockLoss::Deleted,
+            // Someone else released our lock (`?release=` with our session id).
+            (Noticed::Cleared, Some(false)) => LockLoss::Taken,
+            (Noticed::Cleared, _) => LockLoss::SessionLost,
+        };
+        if loss == LockLoss::SessionLost {
+            self.backend.sightings().ours_invalidated(
+                &self.key,
+                &self.session.id,
+                self.session.lock_delay,
+            );
+        }
+        loss
+    }
+}
+
+impl Contender for ConsulContender {
+    async fn acquire(&mut self) -> Result<Attempt> {
+        let ours = self.session.id.clone();
+        if let Some(fencing_token) = self.held {
+            let read = self.read(true).await?;
+            self.index = read.index;
+            if holder(read.entry.as_ref()) == Some(ours.as_str()) {
+                return Ok(Attempt::Won { fencing_token });
+            }
+            self.held = None;
+            self.session.unclaim(&self.key, self.id);
+        }
+        if !self.session.claim(&self.key, self.id) {
+            // Another campaign of this election on the same session holds or tries the key.
+            let read = self.read(false).await?;
+            self.index = read.index;
+            return Ok(Attempt::Held {
+                holder: read
+                    .entry
+                    .as_ref()
+                    .filter(|e| e.session.is_some())
+                    .map(leader_of),
+            });
+        }
+        self.value = Leader {
+            candidate: self.candidate.clone(),
+            fencing_token: None,
+            since_unix_ms: Some(unix_ms_now()),
+        }
+        .to_bytes();
+        // On an error the write may still have gone through: the claim stays, so that a
+        // release frees the key.
+        if self.put_acquire(&self.value).await? {
+            return self.confirm().await;
+        }
+        let read = match self.read(false).await {
+            Ok(read) => read,
+            Err(e) => {
+                self.session.unclaim(&self.key, self.id);
+                return Err(e);
+            }
+        };
+        self.index = read.index;
+        match holder(read.entry.as_ref()) {
+            Some(session) if session == ours => self.confirm().await,
+            Some(session) => {
+                self.session.unclaim(&self.key, self.id);
+                self.learn(session).await;
+                Ok(Attempt::Held {
+                    holder: read.entry.as_ref().map(leader_of),
+                })
+            }
+            None => {
+                // Nobody holds the key, yet Consul refused: a lock-delay runs, or the holder
+                // left between the two requests. One more try tells them apart.
+                if self.put_acquire(&self.value).await? {
+                    return self.confirm().await;
+                }
+                self.session.unclaim(&self.key, self.id);
+                Ok(Attempt::Delayed {
+                    until: self.backend.sightings().delayed_until(&self.key),
+                })
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> Result<()> {
+        loop {
+            let blocked = self.index > 0;
+            let read = match self.read_after_change(false).await {
+                Ok(read) => read,
+                Err(e) => {
+                    // Start from a fresh read next time: the agent may have restarted empty,
+                    // and a blocking query with an index it has not reached waits for nothing.
+                    self.index = 0;
+                    return Err(error::from_client(e));
+                }
+            };
+            let went_back = read.index < self.index;
+            self.index = read.index;
+            if self.session.claimed_by_other(&self.key, self.id) {
+                // Our own session's other contender: try again after each change.
+                if blocked {
+                    return Ok(());
+                }
+                continue;
+            }
+            match holder(read.entry.as_ref()) {
+                None => {
+                    self.backend.sightings().cleared(&self.key);
+                    return Ok(());
+                }
+                Some(session) if session == self.session.id => return Ok(()),
+                Some(session) => {
+                    self.learn(session).await;
+                    if went_back {
+                        // A restored or restarted cluster: look again from the start.
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn lost(&mut self) -> LockLoss {
+        loop {
+            if let Some(noticed) = self.noticed {
+                return self.explain(noticed).await;
+            }
+            if self.watch_failures > 0 {
+                sleep(WATCH_RETRY.delay(self.watch_failures - 1)).await;
+            }
+            let read = match self.read_after_change(true).await {
+                Ok(read) => read,
+                Err(error) => {
+                    tracing::debug!(%error, "watching the lock failed; retrying");
+                    self.watch_failures = self.watch_failures.saturating_add(1);
+                    self.index = 0;
+                    continue;
+                }
+            };
+            self.watch_failures = 0;
+            self.index = read.index;
+            match read.entry {
+                None => self.noticed = Some(Noticed::Missing),
+                Some(entry) => match entry.session {
+                    Some(session) if session == self.session.id => {}
+                    Some(_) => return LockLoss::Taken,
+                    None => self.noticed = Some(Noticed::Cleared),
+                },
+            }
+        }
+    }
+
+    async fn proclaim(&mut self, leader: &Leader) -> Result<()> {
+        let Some(fencing_token) = self.held else {
+            return Err(Error::Store {
+                backend: NAME,
+                reason: "cannot proclaim: this candidate does not hold the lock".into(),
+            });
+        };
+        let value = Leader {
+            fencing_token: Some(fencing_token),
+            ..leader.clone()
+        }
+        .to_bytes();
+        if !self.put_acquire(&value).await? {
+            return Err(Error::Store {
+                backend: NAME,
+                reason: format!(
+                    "cannot proclaim: the lock on {} is no longer held by this session",
+                    self.key
+                ),
+            });
+        }
+        self.value = value;
+        Ok(())
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        if !self.session.claimed_by(&self.key, self.id) {
+            self.held = None;
+            return Ok(());
+        }
+        let options = PutOptions {
+            release: Some(self.session.id.clone()),
+            ..PutOptions::default()
+        };
+        match self
+            .backend
+            .client()
+            .kv_put(&self.key, &self.value, &options)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) | Err(ConsulError::InvalidSession { .. }) => {
+                // Not ours any more. If it was, our session may be gone: remember when, for
+                // the lock-delay our next attempt will meet.
+                if self.held.is_some()
+                    && matches!(
+                        self.backend.client().session_info(&self.session.id).await,
+                        Ok(None)
+                    )
+                {
+                    self.backend.sightings().ours_invalidated(
+                        &self.key,
+                        &self.session.id,
+                        self.session.lock_delay,
+                    );
+                }
+            }
+            Err(e) => return Err(error::from_client(e)),
+        }
+        self.held = None;
+        self.session.unclaim(&self.key, self.id);
+        Ok(())
+    }
+}
+
+impl Drop for ConsulContender {
+    fn drop(&mut self) {
+        self.session.unclaim(&self.key, self.id);
+    }
+}

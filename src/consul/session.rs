@@ -1,0 +1,225 @@
+//! Sessions: one Consul session, renewed once, shared by the elections with equal options.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::client::{SessionBehavior, SessionCreate};
+use super::contender::ConsulContender;
+use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error, lock};
+use crate::Result;
+use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
+
+/// A Consul session and its keep-alive, shared by every [`ConsulSession`] with its options.
+pub(super) struct Shared {
+    /// The session id (a UUID; not a secret).
+    pub id: String,
+    /// The lock-delay Consul applies when this session is invalidated.
+    pub lock_delay: Duration,
+    keepalive: KeepAlive,
+    /// How many session handles use it. Changed only under the backend's session map lock,
+    /// so a session is never handed out while its last user destroys it.
+    users: AtomicUsize,
+    /// Which contender of this session may hold each election key: two campaigns for the
+    /// same election sharing the session must not both win (Consul lets a session acquire a
+    /// key it already holds).
+    claims: Mutex<HashMap<String, u64>>,
+}
+
+impl Shared {
+    pub fn health(&self) -> watch::Receiver<SessionHealth> {
+        self.keepalive.health()
+    }
+
+    fn is_alive(&self) -> bool {
+        self.health().borrow().lost.is_none()
+    }
+
+    /// Lets `contender` try for `key`, unless another contender of this session holds or
+    /// tries for it.
+    pub fn claim(&self, key: &str, contender: u64) -> bool {
+        *lock(&self.claims)
+            .entry(key.to_owned())
+            .or_insert(contender)
+            == contender
+    }
+
+    /// Whether `contender` has claimed `key`.
+    pub fn claimed_by(&self, key: &str, contender: u64) -> bool {
+        lock(&self.claims).get(key) == Some(&contender)
+    }
+
+    /// Whether another contender of this session has claimed `key`.
+    pub fn claimed_by_other(&self, key: &str, contender: u64) -> bool {
+        lock(&self.claims).get(key).is_some_and(|c| *c != contender)
+    }
+
+    /// Gives up `contender`'s claim on `key`, if it has one.
+    pub fn unclaim(&self, key: &str, contender: u64) {
+        let mut claims = lock(&self.claims);
+        if claims.get(key) == Some(&contender) {
+            claims.remove(key);
+        }
+    }
+}
+
+/// A session in Consul: a handle on a Consul session that may be shared with other elections
+/// of the same [`ConsulBackend`]. Closing (or dropping) the last handle destroys the Consul
+/// session, which releases any lock it still holds (subject to its lock-delay: the campaign
+/// releases its lock first, so a graceful hand-off has none).
+pub struct ConsulSession {
+    backend: ConsulBackend,
+    shared: Arc<Shared>,
+    closed: bool,
+}
+
+impl std::fmt::Debug for ConsulSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsulSession")
+            .field("id", &self.shared.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a session: joins a live one with equal options, or creates a new one.
+pub(super) async fn open(
+    backend: &ConsulBackend,
+    options: &SessionOptions,
+) -> Result<ConsulSession> {
+    let _creating = backend.inner.creating.lock().await;
+    {
+        let sessions = backend.sessions();
+        if let Some(shared) = sessions.get(options).filter(|s| s.is_alive()) {
+            shared.users.fetch_add(1, Ordering::Relaxed);
+            return Ok(ConsulSession {
+                backend: backend.clone(),
+                shared: shared.clone(),
+                closed: false,
+            });
+        }
+    }
+    let lock_delay = backend.effective_lock_delay(options);
+    let params = SessionCreate {
+        name: options.name.clone(),
+        ttl: Some(options.ttl),
+        lock_delay,
+        behavior: SessionBehavior::Release,
+        // Only the ttl decides: no `serfHealth`, which a starting agent may not have yet.
+        node_checks: Some(Vec::new()),
+        service_checks: None,
+    };
+    let sent = Instant::now();
+    let id = backend
+        .client()
+        .session_create(&params)
+        .await
+        .map_err(error::from_client)?;
+    tracing::debug!(session = %id, ttl = ?options.ttl, ?lock_delay, "consul session created");
+    let client = backend.client().clone();
+    let renewed = id.clone();
+    let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+        let client = client.clone();
+        let id = renewed.clone();
+        async move {
+            match client.session_renew(&id).await {
+                Ok(Some(_)) => Ok(Renewal::Alive),
+                Ok(None) => Ok(Renewal::Gone),
+                Err(e) => Err(error::from_client(e)),
+            }
+        }
+    });
+    let shared = Arc::new(Shared {
+        id,
+        lock_delay: lock_delay
+            .unwrap_or(CONSUL_DEFAULT_LOCK_DELAY)
+            .min(MAX_LOCK_DELAY),
+        keepalive,
+        users: AtomicUsize::new(1),
+        claims: Mutex::new(HashMap::new()),
+    });
+    // Replaces a lost session, if any: its users keep their handle and close it themselves.
+    backend.sessions().insert(options.clone(), shared.clone());
+    Ok(ConsulSession {
+        backend: backend.clone(),
+        shared,
+        closed: false,
+    })
+}
+
+impl ConsulSession {
+    /// Ends this handle's use of the session. `true`: it was the last user, so the caller
+    /// stops the keep-alive and destroys the session.
+    fn leave(&mut self) -> bool {
+        if self.closed {
+            return false;
+        }
+        self.closed = true;
+        let mut sessions = self.backend.sessions();
+        if self.shared.users.fetch_sub(1, Ordering::Relaxed) != 1 {
+            return false;
+        }
+        sessions.retain(|_, shared| !Arc::ptr_eq(shared, &self.shared));
+        true
+    }
+}
+
+/// Destroys a session; one that is already gone is fine.
+async fn destroy(backend: &ConsulBackend, id: &str) -> Result<()> {
+    backend
+        .client()
+        .session_destroy(id)
+        .await
+        .map_err(error::from_client)
+}
+
+impl Session for ConsulSession {
+    type Contender = ConsulContender;
+
+    fn id(&self) -> String {
+        self.shared.id.clone()
+    }
+
+    fn health(&self) -> watch::Receiver<SessionHealth> {
+        self.shared.health()
+    }
+
+    async fn contend(&self, election: &str, candidate: &Candidate) -> Result<ConsulContender> {
+        Ok(ConsulContender::new(
+            self.backend.clone(),
+            self.shared.clone(),
+            self.backend.key(election),
+            candidate.clone(),
+        ))
+    }
+
+    async fn close(mut self) -> Result<()> {
+        if !self.leave() {
+            return Ok(());
+        }
+        self.shared.keepalive.stop();
+        destroy(&self.backend, &self.shared.id).await
+    }
+}
+
+impl Drop for ConsulSession {
+    fn drop(&mut self) {
+        if !self.leave() {
+            return;
+        }
+        self.shared.keepalive.stop();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let backend = self.backend.clone();
+            let id = self.shared.id.clone();
+            runtime.spawn(async move {
+                if let Err(error) = destroy(&backend, &id).await {
+                    tracing::debug!(%error, "destroying the session of a dropped handle failed; Consul will expire it");
+                }
+            });
+        }
+    }
+}

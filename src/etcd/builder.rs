@@ -1,0 +1,369 @@
+//! [`EtcdBuilder`]: endpoints, credentials, TLS, key prefix and timeouts.
+
+use std::fmt;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use tokio::time::timeout;
+
+use super::tls::{self, TlsMaterial};
+use super::{EtcdBackend, NAME, error};
+use crate::{Error, Result};
+
+/// The key prefix under which elections live unless [`EtcdBuilder::prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "incumbent/";
+/// How long [`EtcdBuilder::connect`] waits for the cluster to answer by default: long enough
+/// for a TCP and TLS handshake across a slow network, short enough that a wrong address is
+/// reported while someone is still looking.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request (acquire, release, a read) may take by default before it counts as
+/// [`Error::Unavailable`]. Renewals are timed by the session's renew interval instead.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 pings on every connection at this interval find a connection that died without a
+/// reset (a partition, a host that vanished), so new requests do not queue on it forever.
+/// etcd refuses pings more often than every 5 s by default.
+const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long an HTTP/2 ping may go unanswered before the connection is dropped.
+const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A password, kept out of `Debug` output and logs.
+#[derive(Clone)]
+struct Secret(String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Settings for an [`EtcdBackend`]; made by [`EtcdBackend::builder`], finished by
+/// [`connect`](EtcdBuilder::connect), which checks them all.
+///
+/// `Debug` output shows the endpoints, prefix and user name, never the password or the
+/// client key.
+#[derive(Clone, Debug)]
+pub struct EtcdBuilder {
+    endpoints: Vec<String>,
+    prefix: String,
+    user: Option<(String, Secret)>,
+    tls: Option<TlsMaterial>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl EtcdBuilder {
+    pub(super) fn new(endpoints: Vec<String>) -> Self {
+        EtcdBuilder {
+            endpoints,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            user: None,
+            tls: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`],
+    /// `"incumbent/"`); a `/` is appended if it does not end with one, so `"myapp"` puts
+    /// election `jobs` under `myapp/jobs@`. An empty prefix puts elections at the top of the
+    /// key space. Grant the user read, write and watch permission on this prefix.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        let mut prefix = prefix.into();
+        if !prefix.is_empty() && !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        self.prefix = prefix;
+        self
+    }
+
+    /// Authenticates as `user` with `password` (etcd's `--auth` users). The token is renewed
+    /// by itself when it expires. The password never appears in `Debug` output or logs.
+    pub fn user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), Secret(password.into())));
+        self
+    }
+
+    /// Verifies the servers with this CA certificate (PEM). Turns on TLS: endpoints without a
+    /// scheme become `https://`, and `http://` endpoints are refused. Needs the `etcd-tls`
+    /// feature.
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.get_or_insert_with(TlsMaterial::default).ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate and private key (both PEM) to the servers, for
+    /// etcd's `--client-cert-auth`. Needs [`ca_certificate`](Self::ca_certificate) too.
+    /// The key never appears in `Debug` output or logs.
+    pub fn client_identity(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.get_or_insert_with(TlsMaterial::default).identity =
+            Some((certificate_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The name the servers' certificates must carry, when it differs from the host in the
+    /// endpoint URLs (e.g. endpoints given as IP addresses).
+    pub fn tls_domain_name(mut self, name: impl Into<String>) -> Self {
+        self.tls.get_or_insert_with(TlsMaterial::default).domain = Some(name.into());
+        self
+    }
+
+    /// How long [`connect`](Self::connect) waits for the cluster (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]); also the limit on each TCP connection attempt.
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
+
+    /// How long one request may take before it counts as unavailable (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`]).
+    pub fn request_timeout(mut self, limit: Duration) -> Self {
+        self.request_timeout = limit;
+        self
+    }
+
+    /// Checks the settings, connects, authenticates, and reads the prefix once to prove the
+    /// cluster answers and the user may read it.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidConfig`]: no endpoints, a malformed endpoint URL, unusable TLS
+    ///   material, TLS without the `etcd-tls` feature, a zero timeout. Retrying cannot help.
+    /// - [`Error::Unauthorized`]: the cluster refused the user or password, requires
+    ///   credentials that were not given, or denies access to the prefix. Retrying cannot help.
+    /// - [`Error::Unavailable`]: no endpoint answered within the connect timeout. Transient:
+    ///   retry later (see [`Error::is_transient`]).
+    pub async fn connect(self) -> Result<EtcdBackend> {
+        let tls = self.tls.is_some();
+        if self.endpoints.is_empty() {
+            return Err(invalid(
+                "no endpoints were given; pass at least one client URL, e.g. \
+                 http://127.0.0.1:2379 (several for a cluster)"
+                    .into(),
+            ));
+        }
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|raw| parse_endpoint(raw, tls))
+            .collect::<Result<Vec<_>>>()?;
+        if endpoints.iter().any(|e| e.starts_with("https://")) && !tls {
+            return Err(invalid(if tls::SUPPORTED {
+                "https:// endpoints need the CA certificate that signed the servers' \
+                 certificates; call .ca_certificate(pem)"
+                    .into()
+            } else {
+                tls::FEATURE_NEEDED.into()
+            }));
+        }
+        for (name, limit) in [
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if limit.is_zero() {
+                return Err(invalid(format!(
+                    "{name} is zero; give it a positive duration"
+                )));
+            }
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_keep_alive(HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT)
+            // A member cut off from the others fails requests and cancels watches instead of
+            // serving stale reads and silent watches.
+            .with_require_leader(true);
+        if let Some((user, password)) = &self.user {
+            if user.is_empty() {
+                return Err(invalid(
+                    "the user name is empty; pass the etcd user to .user()".into(),
+                ));
+            }
+            options = options
+                .with_user(user.clone(), password.0.clone())
+                .with_auto_token_refresh(true);
+        }
+        if let Some(material) = &self.tls {
+            options = material.apply(options)?;
+        }
+        let client = match timeout(
+            self.connect_timeout,
+            Client::connect(&endpoints, Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return Err(error::from_client(e)),
+            Err(_) => return Err(no_answer(&endpoints, self.connect_timeout)),
+        };
+        let backend = EtcdBackend::new(
+            client,
+            super::Settings {
+                endpoints,
+                prefix: self.prefix,
+                user: self.user.map(|(name, _)| name),
+                tls,
+                request_timeout: self.request_timeout,
+            },
+        );
+        match timeout(self.connect_timeout, backend.probe()).await {
+            Ok(Ok(())) => Ok(backend),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(no_answer(
+                &backend.inner.settings.endpoints,
+                self.connect_timeout,
+            )),
+        }
+    }
+}
+
+fn no_answer(endpoints: &[String], limit: Duration) -> Error {
+    error::unavailable(format!(
+        "no endpoint of {endpoints:?} answered within {limit:?}; check that etcd runs there \
+         and that the address and port are its client URL"
+    ))
+}
+
+fn invalid(reason: String) -> Error {
+    Error::InvalidConfig {
+        backend: NAME,
+        reason,
+    }
+}
+
+/// Checks one endpoint and writes it as `scheme://host:port`. Without a scheme it is
+/// `https://` when TLS is configured, else `http://`.
+fn parse_endpoint(raw: &str, tls: bool) -> Result<String> {
+    let bad = |why: &str| {
+        invalid(format!(
+            "endpoint {raw:?} {why}; write it as http://host:port or https://host:port, \
+             e.g. http://127.0.0.1:2379"
+        ))
+    };
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Err(bad("is empty"));
+    }
+    let (scheme, rest) = if let Some(rest) = trimmed.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = trimmed.strip_prefix("https://") {
+        ("https", rest)
+    } else if let Some((scheme, _)) = trimmed.split_once("://") {
+        return Err(bad(&format!(
+            "has the scheme {scheme:?}, which etcd does not speak"
+        )));
+    } else {
+        (if tls { "https" } else { "http" }, trimmed)
+    };
+    if scheme == "http" && tls {
+        return Err(invalid(format!(
+            "endpoint {raw:?} is http:// but TLS certificates were given; use https:// \
+             endpoints with TLS, or drop the certificates"
+        )));
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority
+        .chars()
+        .any(|c| c.is_whitespace() || matches!(c, '/' | '?' | '#' | '@'))
+    {
+        return Err(bad("has a path, query, user or space"));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err(bad("has an unclosed '['"));
+        };
+        if addr.is_empty()
+            || !addr
+                .chars()
+                .all(|c| c.is_ascii_hexdigit() || matches!(c, ':' | '.'))
+        {
+            return Err(bad("has a malformed IPv6 address"));
+        }
+        let Some(port) = after.strip_prefix(':') else {
+            return Err(bad("has no port (etcd's client port is usually 2379)"));
+        };
+        (format!("[{addr}]"), port)
+    } else {
+        let Some((host, port)) = authority.rsplit_once(':') else {
+            return Err(bad("has no port (etcd's client port is usually 2379)"));
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
+            return Err(bad("has a malformed host"));
+        }
+        (host.to_owned(), port)
+    };
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => Ok(format!("{scheme}://{host}:{port}")),
+        _ => Err(bad(&format!(
+            "has the port {port:?}, not a number from 1 to 65535"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_are_normalised() {
+        let ok = |raw, tls| parse_endpoint(raw, tls).expect(raw);
+        assert_eq!(ok("http://127.0.0.1:2379", false), "http://127.0.0.1:2379");
+        assert_eq!(ok("127.0.0.1:2379/", false), "http://127.0.0.1:2379");
+        assert_eq!(ok("etcd-0.local:2379", true), "https://etcd-0.local:2379");
+        assert_eq!(ok("https://[::1]:2379", true), "https://[::1]:2379");
+    }
+
+    #[test]
+    fn malformed_endpoints_say_what_to_write() {
+        for raw in [
+            "",
+            "http//127.0.0.1:2379",
+            "127.0.0.1",
+            "http://127.0.0.1:notaport",
+            "http://127.0.0.1:0",
+            "http://user:pw@127.0.0.1:2379",
+            "http://127.0.0.1:2379/v3",
+            "unix:///run/etcd.sock",
+            "http://[::1:2379",
+        ] {
+            match parse_endpoint(raw, false) {
+                Err(Error::InvalidConfig { reason, .. }) => {
+                    assert!(reason.contains("http://host:port"), "{raw:?}: {reason}")
+                }
+                other => panic!("{raw:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn http_with_tls_is_refused() {
+        assert!(matches!(
+            parse_endpoint("http://127.0.0.1:2379", true),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn prefix_ends_with_a_slash() {
+        let prefix = |p: &str| EtcdBuilder::new(Vec::new()).prefix(p).prefix;
+        assert_eq!(prefix("myapp"), "myapp/");
+        assert_eq!(prefix("myapp/"), "myapp/");
+        assert_eq!(prefix(""), "");
+    }
+
+    #[test]
+    fn debug_hides_the_password_and_key() {
+        let builder = EtcdBuilder::new(vec!["http://127.0.0.1:2379".into()])
+            .user("root", "hunter2")
+            .client_identity("-----BEGIN CERTIFICATE-----", "very-secret-key");
+        let shown = format!("{builder:?}");
+        assert!(shown.contains("root"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("very-secret-key"), "{shown}");
+    }
+}

@@ -1,0 +1,448 @@
+//! A candidate key in an election's range: acquire, wait for the predecessor, notice loss.
+
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::session::{Lease, free_key};
+use super::watch::{Follow, Retry, Target};
+use super::{EtcdBackend, error, leader_of, token_of};
+use crate::Result;
+use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
+
+/// How many times [`EtcdContender::acquire`] writes its key when it keeps vanishing at once,
+/// before it reports an error.
+const MAX_WRITES: usize = 3;
+/// How many times the lease is asked about, after the leader's key was deleted, to tell an
+/// operator's delete from an expired lease.
+const LEASE_CHECKS: usize = 3;
+
+/// One session's claim on one etcd election: the key `<prefix><election>@<lease id>`.
+///
+/// - [`acquire`](Contender::acquire) writes the key if absent and reads the range: the key
+///   with the lowest create revision leads, and its create revision is the fencing token.
+///   Calling it again while leading returns the same token.
+/// - [`wait`](Contender::wait) watches the delete of the key just ahead of ours (and of our
+///   own), from the revision of the read that found it.
+/// - [`lost`](Contender::lost) watches the election's range while leading.
+/// - [`release`](Contender::release) deletes the key; a missing key is not an error.
+pub struct EtcdContender {
+    backend: EtcdBackend,
+    lease: Arc<Lease>,
+    /// `<prefix><election>@`.
+    range: String,
+    key: String,
+    candidate: Candidate,
+    /// The create revision of our key, once written.
+    created: Option<i64>,
+    /// When our term began, as written in the key's value once we won.
+    since: Option<u64>,
+    /// Whether the last acquisition won.
+    won: bool,
+    /// While following: the watch on the deletes of our predecessor and of our own key.
+    waiting: Option<Waiting>,
+    /// While leading: the watch on the election's range.
+    leading: Option<Follow>,
+    /// A loss seen by [`lost`](Contender::lost) and not yet reported, so that dropping its
+    /// future while it asks about the lease loses nothing.
+    noticed: Option<Noticed>,
+}
+
+struct Waiting {
+    predecessor: String,
+    follow: Follow,
+}
+
+#[derive(Clone, Copy)]
+enum Noticed {
+    /// Our key is gone; the lease tells why.
+    Deleted,
+    /// A key older than ours is in the range.
+    Taken,
+}
+
+impl std::fmt::Debug for EtcdContender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdContender")
+            .field("key", &self.key)
+            .field("created", &self.created)
+            .field("won", &self.won)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdContender {
+    pub(super) fn new(
+        backend: EtcdBackend,
+        lease: Arc<Lease>,
+        election: &str,
+        key: String,
+        candidate: Candidate,
+    ) -> Self {
+        let range = backend.election_range(election);
+        EtcdContender {
+            backend,
+            lease,
+            range,
+            key,
+            candidate,
+            created: None,
+            since: None,
+            won: false,
+            waiting: None,
+            leading: None,
+            noticed: None,
+        }
+    }
+
+    /// The candidate key this contender writes.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Our key's value: who we are, when our term began, and, once we lead, its token.
+    fn value(&self, leading_since: Option<i64>) -> Vec<u8> {
+        Leader {
+            candidate: self.candidate.clone(),
+            fencing_token: leading_since.map(token_of),
+            since_unix_ms: self.since,
+        }
+        .to_bytes()
+    }
+
+    fn put_options(&self) -> PutOptions {
+        PutOptions::new().with_lease(self.lease.id)
+    }
+
+    /// Forgets our key (it vanished, or we released it) and every watch that relied on it.
+    fn forget(&mut self) {
+        self.created = None;
+        self.since = None;
+        self.won = false;
+        self.waiting = None;
+        self.leading = None;
+        self.noticed = None;
+    }
+
+    /// Writes our key bound to the lease if it is absent, and learns its create revision. A
+    /// key that already exists was written by an earlier attempt whose answer was lost.
+    async fn write(&mut self) -> Result<()> {
+        self.since = Some(unix_ms_now());
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                self.value(None),
+                Some(self.put_options()),
+            )])
+            .or_else([TxnOp::get(self.key.clone(), None)]);
+        let mut kv = self.backend.kv();
+        let response = error::within(
+            self.backend.request_timeout(),
+            "writing the candidate key",
+            kv.txn(txn),
+        )
+        .await?;
+        if response.succeeded() {
+            self.created = response.header().map(|h| h.revision());
+            return Ok(());
+        }
+        let existing = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+            _ => None,
+        });
+        match existing {
+            Some(kv) if kv.lease() == self.lease.id => self.created = Some(kv.create_revision()),
+            Some(_) => {
+                return Err(error::store(format!(
+                    "the key {} exists but is not bound to this session's lease; \
+                     delete it (an operator wrote it?)",
+                    self.key
+                )));
+            }
+            // Deleted in between: the caller reads, finds it missing, and writes again.
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Rewrites our key's value with the start of the term and its token, if the key is still
+    /// the one we won with. `false`: it vanished.
+    async fn mark_term(&mut self, created: i64) -> Result<bool> {
+        self.since = Some(unix_ms_now());
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                created,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                self.value(Some(created)),
+                Some(self.put_options()),
+            )]);
+        let mut kv = self.backend.kv();
+        let response = error::within(
+            self.backend.request_timeout(),
+            "marking the start of the term",
+            kv.txn(txn),
+        )
+        .await?;
+        Ok(response.succeeded())
+    }
+
+    /// Why our key is gone: the lease expired or was revoked, or someone deleted the key.
+    async fn why_deleted(&self) -> LockLoss {
+        if self.lease_lost() {
+            return LockLoss::SessionLost;
+        }
+        let mut retry = Retry::default();
+        for _ in 0..LEASE_CHECKS {
+            let mut client = self.backend.lease_client();
+            let checked = error::within(
+                self.backend.request_timeout(),
+                "checking the lease",
+                client.time_to_live(self.lease.id, None),
+            )
+            .await;
+            match checked {
+                Ok(response) if response.ttl() <= 0 => return LockLoss::SessionLost,
+                Ok(_) => return LockLoss::Deleted,
+                Err(error) => {
+                    tracing::debug!(%error, "cannot check the lease after losing the key");
+                    retry.pause().await;
+                }
+            }
+        }
+        if self.lease_lost() {
+            LockLoss::SessionLost
+        } else {
+            LockLoss::Deleted
+        }
+    }
+
+    /// Whether the keep-alive already heard from etcd that the lease is gone.
+    fn lease_lost(&self) -> bool {
+        matches!(
+            self.lease.health().borrow().lost,
+            Some(SessionLoss::Expired)
+        )
+    }
+}
+
+impl Contender for EtcdContender {
+    async fn acquire(&mut self) -> Result<Attempt> {
+        self.noticed = None;
+        for _ in 0..MAX_WRITES {
+            let fresh = self.created.is_none();
+            if fresh {
+                self.write().await?;
+            }
+            let queue = self.backend.read_queue(&self.range).await?;
+            let Some(mine) = queue
+                .candidates
+                .iter()
+                .find(|kv| kv.key() == self.key.as_bytes())
+            else {
+                // Deleted by an operator, or its lease expired: write it again.
+                self.forget();
+                continue;
+            };
+            let created = mine.create_revision();
+            self.created = Some(created);
+            let first = &queue.candidates[0];
+            if first.key() == self.key.as_bytes() {
+                if !self.won {
+                    if !fresh && !self.mark_term(created).await? {
+                        self.forget();
+                        continue;
+                    }
+                    self.won = true;
+                    self.waiting = None;
+                    self.leading = Some(Follow::new(
+                        &self.backend,
+                        vec![Target {
+                            key: self.range.clone().into_bytes(),
+                            prefix: true,
+                        }],
+                        false,
+                        queue.revision + 1,
+                    ));
+                }
+                return Ok(Attempt::Won {
+                    fencing_token: token_of(created),
+                });
+            }
+            self.won = false;
+            self.leading = None;
+            let predecessor = queue
+                .candidates
+                .iter()
+                .take_while(|kv| kv.create_revision() < created)
+                .last()
+                .unwrap_or(first);
+            let predecessor = String::from_utf8_lossy(predecessor.key()).into_owned();
+            let targets = [&predecessor, &self.key]
+                .into_iter()
+                .map(|key| Target {
+                    key: key.clone().into_bytes(),
+                    prefix: false,
+                })
+                .collect();
+            self.waiting = Some(Waiting {
+                predecessor,
+                follow: Follow::new(&self.backend, targets, true, queue.revision + 1),
+            });
+            return Ok(Attempt::Held {
+                holder: Some(leader_of(first)),
+            });
+        }
+        Err(error::store(format!(
+            "the candidate key {} vanished right after each of {MAX_WRITES} writes; is \
+             something deleting keys under {:?}?",
+            self.key,
+            self.backend.prefix()
+        )))
+    }
+
+    async fn wait(&mut self) -> Result<()> {
+        let Some(waiting) = self.waiting.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            match waiting.follow.next().await {
+                // Only deletes are watched: the predecessor or our own key went.
+                Ok(_) => break,
+                Err(error) => {
+                    tracing::debug!(%error, "the predecessor watch broke; re-reading");
+                    waiting.follow.pause().await;
+                    let queue = self.backend.read_queue(&self.range).await?;
+                    let present =
+                        |key: &str| queue.candidates.iter().any(|kv| kv.key() == key.as_bytes());
+                    if !present(&waiting.predecessor) || !present(&self.key) {
+                        break;
+                    }
+                    waiting.follow.restart_at(queue.revision + 1);
+                }
+            }
+        }
+        self.waiting = None;
+        Ok(())
+    }
+
+    async fn lost(&mut self) -> LockLoss {
+        loop {
+            match self.noticed {
+                Some(Noticed::Taken) => return LockLoss::Taken,
+                Some(Noticed::Deleted) => return self.why_deleted().await,
+                None => {}
+            }
+            let (Some(follow), Some(created)) = (self.leading.as_mut(), self.created) else {
+                self.noticed = Some(Noticed::Deleted);
+                continue;
+            };
+            let own = self.key.as_bytes();
+            match follow.next().await {
+                Ok(events) => {
+                    for event in &events {
+                        let Some(kv) = event.kv() else { continue };
+                        let ours = kv.key() == own;
+                        match event.event_type() {
+                            EventType::Delete if ours => self.noticed = Some(Noticed::Deleted),
+                            EventType::Put if !ours && kv.create_revision() < created => {
+                                self.noticed = Some(Noticed::Taken)
+                            }
+                            _ => {}
+                        }
+                        if self.noticed.is_some() {
+                            break;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "the leader's watch broke; re-reading");
+                    follow.pause().await;
+                    match self.backend.read_queue(&self.range).await {
+                        Ok(queue) => match queue.candidates.first() {
+                            Some(first) if first.key() == own => {
+                                follow.restart_at(queue.revision + 1)
+                            }
+                            _ if queue.candidates.iter().any(|kv| kv.key() == own) => {
+                                self.noticed = Some(Noticed::Taken)
+                            }
+                            _ => self.noticed = Some(Noticed::Deleted),
+                        },
+                        Err(error) => {
+                            tracing::debug!(%error, "cannot read the election; retrying")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn proclaim(&mut self, leader: &Leader) -> Result<()> {
+        let Some(created) = self.created.filter(|_| self.won) else {
+            return Err(error::store(
+                "cannot proclaim: this candidate does not hold the lock",
+            ));
+        };
+        let previous = std::mem::replace(&mut self.candidate, leader.candidate.clone());
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(self.key.clone(), CompareOp::Equal, created),
+                Compare::lease(self.key.clone(), CompareOp::Equal, self.lease.id),
+            ])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                self.value(Some(created)),
+                Some(self.put_options()),
+            )]);
+        let mut kv = self.backend.kv();
+        let written =
+            error::within(self.backend.request_timeout(), "proclaiming", kv.txn(txn)).await;
+        match written {
+            Ok(response) if response.succeeded() => Ok(()),
+            Ok(_) => {
+                self.candidate = previous;
+                Err(error::store(format!(
+                    "cannot proclaim: the key {} is gone or no longer bound to this session",
+                    self.key
+                )))
+            }
+            Err(e) => {
+                self.candidate = previous;
+                Err(e)
+            }
+        }
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        self.waiting = None;
+        self.leading = None;
+        self.won = false;
+        self.noticed = None;
+        if self.created.is_none() {
+            return Ok(());
+        }
+        let mut kv = self.backend.kv();
+        error::within(
+            self.backend.request_timeout(),
+            "deleting the candidate key",
+            kv.delete(self.key.clone(), None),
+        )
+        .await?;
+        self.forget();
+        Ok(())
+    }
+}
+
+impl Drop for EtcdContender {
+    fn drop(&mut self) {
+        free_key(&self.lease, &self.key);
+    }
+}

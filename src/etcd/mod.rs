@@ -1,0 +1,331 @@
+//! The etcd backend: a lease per session, revision-ordered candidate keys, and a watch on
+//! the one key ahead of yours.
+//!
+//! ```no_run
+//! # async fn demo() -> incumbent::Result<()> {
+//! use std::time::Duration;
+//! use incumbent::{Election, etcd::EtcdBackend};
+//!
+//! let backend = EtcdBackend::builder([
+//!     "http://10.0.0.1:2379",
+//!     "http://10.0.0.2:2379",
+//!     "http://10.0.0.3:2379",
+//! ])
+//! .user("indexer", std::env::var("ETCD_PASSWORD").unwrap_or_default())
+//! .connect()
+//! .await?;
+//!
+//! let election = Election::builder(backend, "jobs/index-builder")
+//!     .candidate("host-a:8080")
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?;
+//! election
+//!     .run(|term| async move {
+//!         // pass term.fencing_token() with every write; stop when term.cancelled() fires
+//!         term.cancelled().await;
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # How it works
+//!
+//! - **Session = lease.** [`open_session`](Backend::open_session) grants an etcd lease with
+//!   the election's ttl (rounded up to whole seconds) and keeps it alive with the crate's one
+//!   keep-alive loop, one keep-alive message per renew interval. Elections on the same
+//!   [`EtcdBackend`] with equal session settings share one lease; it is revoked when the last
+//!   of them closes its session, which deletes all their keys at once.
+//! - **Candidates are keys ordered by revision.** Each candidate puts
+//!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
+//!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in
+//!   an election name, so the range of election `a` never includes election `a/b`.
+//! - **Followers watch only their predecessor.** A follower watches the delete of the key
+//!   created just before its own, from the revision of the read that found it (so a delete in
+//!   between is not missed), and tries again when it goes: a hand-off wakes exactly one
+//!   candidate, not the whole queue. A watch that breaks or is cancelled by compaction is
+//!   re-established from a fresh read; it never ends silently.
+//! - **Losing the key.** The leader watches the election's range: the delete of its key ends
+//!   the term, as [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when an operator deleted
+//!   it, or [`SessionExpired`](crate::DemotionReason::SessionExpired) when the lease is gone
+//!   (expired or revoked).
+//!
+//! etcd's own Election service is not used: it can grant leadership on a lease that has
+//! already expired (etcd-io/etcd#19597). Everything here is plain KV, lease and watch calls,
+//! so it works the same on every etcd 3.x.
+//!
+//! # The fencing token
+//!
+//! A term's fencing token is the create revision of the leader's key. Revisions are global to
+//! the cluster and only grow, so every later term of the election (every later key) has a
+//! greater token. Observers see it in [`Leader::fencing_token`]. Compaction and defragmentation
+//! do not change revisions; restoring the cluster from a snapshot rewinds them to the
+//! snapshot's, so after a restore make downstream stores forget the tokens they saw.
+//!
+//! # Failure modes
+//!
+//! - **A leader cut off from the cluster** stops receiving renewal confirmations, and cancels
+//!   its term after the renew deadline, before the lease can expire and another candidate can
+//!   win. etcd measures the lease on the cluster leader's clock; the leader measures the
+//!   deadline on its own, from when it *sent* the last renewal that was confirmed.
+//! - **A paused or restarting server**: etcd's keep-alive stream can stall without an error
+//!   while the server is paused, and does not reconnect after a restart. Each renewal here has
+//!   its own deadline (the renew interval), and a failed or late renewal reopens the stream,
+//!   so a pause shorter than the renew deadline costs nothing, and a restart costs a renewal
+//!   or two. A lease outlives a server restart: etcd extends every lease when it restarts.
+//! - **Losing one member of three** leaves the other two serving. Requests carry etcd's
+//!   "require leader" flag, so a member cut off from the others refuses them instead of
+//!   serving stale reads and silent watches, and the client moves to a member that answers.
+//! - **ttl below 2 s**: etcd silently extends shorter leases to its minimum (about 1.5 × its
+//!   election timeout, so 2 s with default settings), which would make the renew deadline and
+//!   the store disagree; [`BackendInfo::min_ttl`] is therefore 2 s.
+//! - **Wrong credentials** are [`Error::Unauthorized`](crate::Error::Unauthorized), which the
+//!   campaign retries only at its longest back-off: no retry storm.
+//!
+//! # Options
+//!
+//! See [`EtcdBuilder`]: several endpoints, user and password (etcd `--auth`), TLS with a CA
+//! certificate and an optional client certificate (needs the `etcd-tls` feature, which turns
+//! on rustls in `etcd-client`), the key prefix (default `incumbent/`), and timeouts.
+//!
+//! # Building
+//!
+//! `etcd-client` compiles etcd's protobuf definitions, so building this feature needs
+//! `protoc` and protobuf's well-known types (Debian and Ubuntu: `apt-get install
+//! protobuf-compiler libprotobuf-dev`; or set `PROTOC` to a protoc binary).
+
+mod builder;
+mod contender;
+mod error;
+mod observer;
+mod session;
+mod tls;
+mod watch;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, KeyValue, KvClient, LeaseClient, SortOrder, SortTarget};
+
+pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_REQUEST_TIMEOUT, EtcdBuilder};
+pub use contender::EtcdContender;
+pub use observer::EtcdObserver;
+pub use session::EtcdSession;
+
+use crate::Result;
+use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
+
+const NAME: &str = "etcd";
+
+/// The smallest ttl: etcd extends shorter leases to about 1.5 × its election timeout (2 s
+/// with default settings) without saying so.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+/// The largest ttl accepted: a day. A leader that dies is replaced after up to this long.
+pub const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+/// Separates the election name from the lease id in a candidate key. Not allowed in election
+/// names, so one election's range never includes another's.
+const SEPARATOR: char = '@';
+
+/// A connection to an etcd cluster, for any number of elections. Cheap to clone: clones share
+/// the connection and the sessions.
+///
+/// Made with [`EtcdBackend::connect`] or [`EtcdBackend::builder`]. `Debug` output shows the
+/// endpoints, prefix and user name, never the password or TLS key.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    settings: Settings,
+    /// Leases shared by the sessions with equal options.
+    leases: Mutex<HashMap<SessionOptions, Arc<session::Lease>>>,
+    /// Held while a lease is granted, so that concurrent sessions with equal options share
+    /// one lease instead of granting two.
+    granting: tokio::sync::Mutex<()>,
+}
+
+/// What the backend keeps of its settings after connecting: no secrets.
+#[derive(Clone, Debug)]
+struct Settings {
+    endpoints: Vec<String>,
+    prefix: String,
+    user: Option<String>,
+    tls: bool,
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let settings = &self.inner.settings;
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &settings.endpoints)
+            .field("prefix", &settings.prefix)
+            .field("user", &settings.user)
+            .field("tls", &settings.tls)
+            .field("request_timeout", &settings.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster at `endpoints` (client URLs such as `http://127.0.0.1:2379`)
+    /// with the default settings. See [`EtcdBuilder::connect`] for the errors.
+    pub async fn connect<I, S>(endpoints: I) -> Result<EtcdBackend>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder(endpoints).connect().await
+    }
+
+    /// Starts configuring a connection to the cluster at `endpoints`: credentials, TLS, key
+    /// prefix, timeouts.
+    pub fn builder<I, S>(endpoints: I) -> EtcdBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdBuilder::new(endpoints.into_iter().map(Into::into).collect())
+    }
+
+    /// The endpoints, as normalised at connect time.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.settings.endpoints
+    }
+
+    /// The prefix of every key this backend writes.
+    pub fn prefix(&self) -> &str {
+        &self.inner.settings.prefix
+    }
+
+    /// The range that holds the candidates of `election`: `<prefix><election>@`.
+    pub fn election_range(&self, election: &str) -> String {
+        format!("{}{election}{SEPARATOR}", self.inner.settings.prefix)
+    }
+
+    fn new(client: Client, settings: Settings) -> EtcdBackend {
+        EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                settings,
+                leases: Mutex::new(HashMap::new()),
+                granting: tokio::sync::Mutex::new(()),
+            }),
+        }
+    }
+
+    fn kv(&self) -> KvClient {
+        self.inner.client.kv_client()
+    }
+
+    fn lease_client(&self) -> LeaseClient {
+        self.inner.client.lease_client()
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.settings.request_timeout
+    }
+
+    /// One cheap read of the prefix: proves the cluster answers and the user may read.
+    async fn probe(&self) -> Result<()> {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let prefix = self.inner.settings.prefix.clone();
+        error::within(self.request_timeout(), "reading the key prefix", async {
+            self.kv().get(prefix, Some(options)).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Reads the candidates of a range, oldest first, with the read's revision.
+    async fn read_queue(&self, range: &str) -> Result<Queue> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut response = error::within(self.request_timeout(), "reading the candidates", async {
+            self.kv().get(range, Some(options)).await
+        })
+        .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        Ok(Queue {
+            revision,
+            candidates: response.take_kvs(),
+        })
+    }
+
+    /// Reads the holder of a range (its oldest key), with the read's revision.
+    async fn read_holder(&self, range: &str) -> Result<(i64, Option<KeyValue>)> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let mut response = error::within(self.request_timeout(), "reading the leader", async {
+            self.kv().get(range, Some(options)).await
+        })
+        .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        Ok((revision, response.take_kvs().into_iter().next()))
+    }
+
+    /// The ids of the leases this backend holds open (one per distinct session options).
+    pub fn lease_ids(&self) -> Vec<i64> {
+        self.leases().values().map(|lease| lease.id).collect()
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<SessionOptions, Arc<session::Lease>>> {
+        lock(&self.inner.leases)
+    }
+}
+
+/// The candidates of one election at one revision, oldest first.
+struct Queue {
+    revision: i64,
+    candidates: Vec<KeyValue>,
+}
+
+/// The leader a candidate key describes: its stored identity, with the key's create revision
+/// as the fencing token.
+fn leader_of(kv: &KeyValue) -> Leader {
+    let mut leader = Leader::from_bytes(kv.value());
+    leader.fencing_token = Some(token_of(kv.create_revision()));
+    leader
+}
+
+/// A revision as a fencing token. Revisions start at 1 and only grow.
+fn token_of(revision: i64) -> u64 {
+    u64::try_from(revision).unwrap_or(0)
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical
+/// section here leaves the state consistent at each step.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Backend for EtcdBackend {
+    type Session = EtcdSession;
+    type Observer = EtcdObserver;
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: NAME,
+            min_ttl: MIN_TTL,
+            max_ttl: MAX_TTL,
+            wakeup: Wakeup::Push,
+        }
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<EtcdSession> {
+        session::open(self, options).await
+    }
+
+    async fn observe(&self, election: &str) -> Result<EtcdObserver> {
+        EtcdObserver::start(self.clone(), election).await
+    }
+}

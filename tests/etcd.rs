@@ -1,0 +1,885 @@
+//! The etcd backend against real etcd servers: what is particular to etcd (revisions as
+//! fencing tokens, predecessor watches, shared leases, operators deleting keys and revoking
+//! leases, paused and restarted servers, credentials). The behaviour every backend shares is
+//! in the conformance suite.
+
+mod support;
+
+use std::time::Duration;
+
+use etcd_client::{Client, GetOptions, KeyValue};
+use incumbent::backend::{
+    Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
+};
+use incumbent::etcd::EtcdBackend;
+use incumbent::{Campaign, DemotionReason, Election, Error, Leader, LeadershipEvent, Role, Term};
+use support::{EtcdCluster, EtcdServer, Proxy};
+use tokio::time::{Instant, sleep, timeout};
+
+/// The ttl of most tests: etcd's minimum, so that expiries come fast.
+const TTL: Duration = Duration::from_secs(2);
+/// How long any expected event may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn connect(endpoints: &[String]) -> EtcdBackend {
+    EtcdBackend::builder(endpoints.iter().cloned())
+        .connect_timeout(Duration::from_secs(2))
+        .request_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect to etcd")
+}
+
+fn election(
+    backend: &EtcdBackend,
+    name: &str,
+    candidate: &str,
+    ttl: Duration,
+) -> Election<EtcdBackend> {
+    Election::builder(backend.clone(), name)
+        .candidate(candidate)
+        .ttl(ttl)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(Duration::from_millis(100))
+        .build()
+        .expect("valid election")
+}
+
+/// A plain etcd client, as an operator (or etcdctl) would use it.
+async fn operator(endpoints: &[String]) -> Client {
+    Client::connect(endpoints, None)
+        .await
+        .expect("operator client")
+}
+
+/// The candidate keys of `election`, oldest first.
+async fn candidates(client: &mut Client, backend: &EtcdBackend, election: &str) -> Vec<KeyValue> {
+    let options = GetOptions::new().with_prefix().with_sort(
+        etcd_client::SortTarget::Create,
+        etcd_client::SortOrder::Ascend,
+    );
+    let mut response = client
+        .get(backend.election_range(election), Some(options))
+        .await
+        .expect("read the candidates");
+    response.take_kvs()
+}
+
+/// The next `Elected`, skipping leader changes.
+async fn elected(campaign: &mut Campaign) -> Term {
+    loop {
+        match timeout(PATIENCE, campaign.recv()).await {
+            Ok(Some(LeadershipEvent::Elected(term))) => return term,
+            Ok(Some(LeadershipEvent::LeaderChanged(_))) => {}
+            Ok(Some(other)) => panic!("expected Elected, got {other:?}"),
+            Ok(None) => panic!("the campaign stopped"),
+            Err(_) => panic!(
+                "not elected within {PATIENCE:?}: {:?}",
+                campaign.status().borrow()
+            ),
+        }
+    }
+}
+
+/// The next `Demoted`, skipping leader changes.
+async fn demoted(campaign: &mut Campaign) -> DemotionReason {
+    loop {
+        match timeout(PATIENCE, campaign.recv()).await {
+            Ok(Some(LeadershipEvent::Demoted { reason, .. })) => return reason,
+            Ok(Some(LeadershipEvent::LeaderChanged(_))) => {}
+            Ok(Some(other)) => panic!("expected Demoted, got {other:?}"),
+            Ok(None) => panic!("the campaign stopped"),
+            Err(_) => panic!(
+                "not demoted within {PATIENCE:?}: {:?}",
+                campaign.status().borrow()
+            ),
+        }
+    }
+}
+
+/// Fails if the campaign is demoted (or stops) within `period`.
+async fn stays_leader(campaign: &mut Campaign, period: Duration) {
+    let until = Instant::now() + period;
+    while let Ok(event) = tokio::time::timeout_at(until, campaign.recv()).await {
+        match event {
+            Some(LeadershipEvent::LeaderChanged(_)) => {}
+            other => panic!("expected to stay leader, got {other:?}"),
+        }
+    }
+    assert!(campaign.status().borrow().is_leader());
+}
+
+/// Waits until `campaign` follows another leader.
+async fn follows(campaign: &Campaign) {
+    let mut status = campaign.status();
+    timeout(PATIENCE, status.wait_for(|s| s.role == Role::Follower))
+        .await
+        .expect("follows within the patience")
+        .expect("campaign running");
+}
+
+fn token(kv: &KeyValue) -> u64 {
+    u64::try_from(kv.create_revision()).expect("positive revision")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_among_three_candidates_on_separate_connections() {
+    let etcd = EtcdServer::single().await;
+    let mut campaigns = Vec::new();
+    for id in ["a", "b", "c"] {
+        let backend = connect(&etcd.endpoints()).await;
+        campaigns.push(election(&backend, "one-leader", id, TTL).campaign());
+    }
+    let deadline = Instant::now() + PATIENCE;
+    let settled = loop {
+        let roles: Vec<Role> = campaigns.iter().map(|c| c.status().borrow().role).collect();
+        let leaders = roles.iter().filter(|r| **r == Role::Leader).count();
+        let followers = roles.iter().filter(|r| **r == Role::Follower).count();
+        if leaders == 1 && followers == 2 {
+            break true;
+        }
+        assert!(leaders <= 1, "two leaders at once: {roles:?}");
+        if Instant::now() >= deadline {
+            break false;
+        }
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert!(settled, "no single leader with two followers");
+    sleep(Duration::from_millis(500)).await;
+    let statuses: Vec<_> = campaigns
+        .iter()
+        .map(|c| c.status().borrow().clone())
+        .collect();
+    let leader = statuses
+        .iter()
+        .find(|s| s.is_leader())
+        .expect("still one leader");
+    for status in &statuses {
+        assert_eq!(
+            status.leader.as_ref().map(|l| l.candidate.id.as_str()),
+            Some(leader.candidate.id.as_str()),
+            "{} sees another leader",
+            status.candidate.id
+        );
+    }
+    assert_eq!(statuses.iter().filter(|s| s.is_leader()).count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_token_is_the_create_revision_and_grows_on_hand_off() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let a_backend = connect(&etcd.endpoints()).await;
+    let b_backend = connect(&etcd.endpoints()).await;
+    let mut a = election(&a_backend, "fencing", "a", TTL).campaign();
+    let first = elected(&mut a).await;
+    let keys = candidates(&mut client, &a_backend, "fencing").await;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(first.fencing_token(), token(&keys[0]));
+
+    let mut b = election(&b_backend, "fencing", "b", TTL).campaign();
+    follows(&b).await;
+    a.resign().await.expect("resign");
+    let second = elected(&mut b).await;
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "{} then {}",
+        first.fencing_token(),
+        second.fencing_token()
+    );
+    let keys = candidates(&mut client, &b_backend, "fencing").await;
+    let leader = keys.first().expect("b's key");
+    assert_eq!(second.fencing_token(), token(leader));
+    let stored = Leader::from_bytes(leader.value());
+    assert_eq!(stored.candidate.id, "b");
+    assert_eq!(stored.fencing_token, Some(second.fencing_token()));
+    assert!(
+        stored.since_unix_ms.is_some(),
+        "the key says when the term began"
+    );
+}
+
+fn session_options(name: &str) -> SessionOptions {
+    SessionOptions {
+        ttl: Duration::from_secs(3),
+        renew_interval: Duration::from_secs(1),
+        lock_delay: None,
+        name: name.to_owned(),
+    }
+}
+
+fn candidate(id: &str) -> Candidate {
+    Candidate {
+        id: id.to_owned(),
+        metadata: Default::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_off_after_resign_wakes_only_the_successor() {
+    let etcd = EtcdServer::single().await;
+    let mut sessions = Vec::new();
+    let mut contenders = Vec::new();
+    for id in ["first", "second", "third"] {
+        let backend = connect(&etcd.endpoints()).await;
+        let session = backend
+            .open_session(&session_options(id))
+            .await
+            .expect("session");
+        let mut contender = session
+            .contend("herd", &candidate(id))
+            .await
+            .expect("contend");
+        let attempt = contender.acquire().await.expect("acquire");
+        match (id, &attempt) {
+            ("first", Attempt::Won { .. }) => {}
+            ("first", other) => panic!("first should win, got {other:?}"),
+            (
+                _,
+                Attempt::Held {
+                    holder: Some(holder),
+                },
+            ) => assert_eq!(holder.candidate.id, "first"),
+            (_, other) => panic!("{id} should wait for first, got {other:?}"),
+        }
+        sessions.push(session);
+        contenders.push(contender);
+    }
+    let mut third = contenders.pop().expect("third");
+    let mut second = contenders.pop().expect("second");
+    let mut first = contenders.pop().expect("first");
+    let first_token = match first.acquire().await.expect("acquire again") {
+        Attempt::Won { fencing_token } => fencing_token,
+        other => panic!("acquire is idempotent while leading, got {other:?}"),
+    };
+
+    let third_waits = tokio::spawn(async move {
+        third.wait().await.expect("wait");
+        third
+    });
+    let second_waits = tokio::spawn(async move {
+        second.wait().await.expect("wait");
+        second
+    });
+    // Let both watches be established before the hand-off.
+    sleep(Duration::from_millis(300)).await;
+    first.release().await.expect("release");
+    first.release().await.expect("releasing twice is a no-op");
+
+    let mut second = timeout(PATIENCE, second_waits)
+        .await
+        .expect("the successor wakes")
+        .expect("second's task");
+    match second.acquire().await.expect("acquire") {
+        Attempt::Won { fencing_token } => assert!(fencing_token > first_token),
+        other => panic!("the successor should win, got {other:?}"),
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third_waits.is_finished(),
+        "the third in line woke up too (herd effect)"
+    );
+    third_waits.abort();
+    for session in sessions {
+        session.close().await.expect("close");
+    }
+}
+
+/// Opens a session for `id` on its own connection and queues it in `election`.
+async fn queued(
+    etcd: &EtcdServer,
+    election: &str,
+    id: &str,
+) -> (
+    <EtcdBackend as Backend>::Session,
+    <<EtcdBackend as Backend>::Session as Session>::Contender,
+    Attempt,
+) {
+    let backend = connect(&etcd.endpoints()).await;
+    let session = backend
+        .open_session(&session_options(id))
+        .await
+        .expect("session");
+    let mut contender = session
+        .contend(election, &candidate(id))
+        .await
+        .expect("contend");
+    let attempt = contender.acquire().await.expect("acquire");
+    (session, contender, attempt)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_sees_a_delete_that_happened_before_it_started() {
+    let etcd = EtcdServer::single().await;
+    let (_a_session, mut a, won) = queued(&etcd, "early-delete", "a").await;
+    assert!(matches!(won, Attempt::Won { .. }), "{won:?}");
+    let (_b_session, mut b, held) = queued(&etcd, "early-delete", "b").await;
+    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    // The predecessor goes between b's read and b's watch.
+    a.release().await.expect("release");
+    timeout(PATIENCE, b.wait())
+        .await
+        .expect("the watch replays the delete")
+        .expect("wait");
+    assert!(matches!(
+        b.acquire().await.expect("acquire"),
+        Attempt::Won { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_survives_a_compacted_start_revision() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let (_a_session, mut a, _) = queued(&etcd, "compacted", "a").await;
+    let (_b_session, mut b, held) = queued(&etcd, "compacted", "b").await;
+    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    // Compact past the revision b's watch starts from.
+    for n in 0..5 {
+        client.put("noise", n.to_string(), None).await.expect("put");
+    }
+    let revision = client
+        .get("noise", None)
+        .await
+        .expect("get")
+        .header()
+        .expect("header")
+        .revision();
+    client.compact(revision, None).await.expect("compact");
+
+    let b_waits = tokio::spawn(async move {
+        b.wait().await.expect("wait");
+        b
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !b_waits.is_finished(),
+        "b woke while its predecessor is still there"
+    );
+    a.release().await.expect("release");
+    let mut b = timeout(PATIENCE, b_waits)
+        .await
+        .expect("b wakes on the delete after re-establishing its watch")
+        .expect("b's task");
+    assert!(matches!(
+        b.acquire().await.expect("acquire"),
+        Attempt::Won { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_reports_the_holder_not_the_queue() {
+    let etcd = EtcdServer::single().await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut observer = backend.observe("observed").await.expect("observe");
+    assert_eq!(observer.next().await.expect("first read"), None);
+
+    let (_a_session, mut a, _) = queued(&etcd, "observed", "a").await;
+    let seen = timeout(PATIENCE, observer.next())
+        .await
+        .expect("a leads")
+        .expect("next");
+    assert_eq!(seen.map(|l| l.candidate.id), Some("a".to_owned()));
+
+    let (_b_session, _b, _) = queued(&etcd, "observed", "b").await;
+    let quiet = timeout(Duration::from_millis(500), observer.next()).await;
+    assert!(
+        quiet.is_err(),
+        "a follower joining is not a change of leader: {quiet:?}"
+    );
+
+    a.release().await.expect("release");
+    let seen = timeout(PATIENCE, observer.next())
+        .await
+        .expect("b leads")
+        .expect("next");
+    let b = seen.expect("a leader");
+    assert_eq!(b.candidate.id, "b");
+    assert!(b.fencing_token.is_some(), "observers see the fencing token");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elections_on_one_backend_share_one_lease() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut jobs = election(&backend, "shared/jobs", "host-a", TTL).campaign();
+    let mut index = election(&backend, "shared/index", "host-a", TTL).campaign();
+    elected(&mut jobs).await;
+    elected(&mut index).await;
+
+    let leases = client.leases().await.expect("lease list");
+    assert_eq!(leases.leases().len(), 1, "one lease for both elections");
+    let lease = leases.leases()[0].id();
+    let jobs_keys = candidates(&mut client, &backend, "shared/jobs").await;
+    let index_keys = candidates(&mut client, &backend, "shared/index").await;
+    assert_eq!(jobs_keys[0].lease(), lease);
+    assert_eq!(index_keys[0].lease(), lease);
+    assert_eq!(
+        String::from_utf8_lossy(jobs_keys[0].key()),
+        format!("incumbent/shared/jobs@{lease:x}")
+    );
+
+    jobs.shutdown().await.expect("shutdown");
+    assert_eq!(client.leases().await.expect("lease list").leases().len(), 1);
+    assert!(
+        index.status().borrow().is_leader(),
+        "the other election still leads"
+    );
+    index.shutdown().await.expect("shutdown");
+    assert!(
+        client
+            .leases()
+            .await
+            .expect("lease list")
+            .leases()
+            .is_empty(),
+        "the last session's close revokes the lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let twin = election(&backend, "twins", "host-a", TTL);
+    let mut first = twin.campaign();
+    elected(&mut first).await;
+    let second = twin.campaign();
+    follows(&second).await;
+    let keys = candidates(&mut client, &backend, "twins").await;
+    assert_eq!(keys.len(), 2, "a key each");
+    assert_eq!(keys[0].lease(), keys[1].lease(), "on one shared lease");
+    assert!(first.status().borrow().is_leader());
+    assert!(!second.status().borrow().is_leader());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_by_an_operator_demotes_with_session_expired() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaign = election(&backend, "revoked", "a", TTL).campaign();
+    elected(&mut campaign).await;
+    let lease = candidates(&mut client, &backend, "revoked").await[0].lease();
+    client.lease_revoke(lease).await.expect("revoke");
+    assert_eq!(demoted(&mut campaign).await, DemotionReason::SessionExpired);
+    // A new session wins again.
+    elected(&mut campaign).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_deleted_by_an_operator_demotes_with_key_deleted() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaign = election(&backend, "deleted", "a", TTL).campaign();
+    let first = elected(&mut campaign).await;
+    let key = candidates(&mut client, &backend, "deleted").await[0]
+        .key()
+        .to_vec();
+    client.delete(key, None).await.expect("delete");
+    assert_eq!(demoted(&mut campaign).await, DemotionReason::KeyDeleted);
+    let second = elected(&mut campaign).await;
+    assert!(second.fencing_token() > first.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_leader_fences_itself_before_another_leads() {
+    let etcd = EtcdServer::single().await;
+    let proxy = Proxy::start(etcd.client_addr());
+    let cut_off = connect(&[format!("http://{}", proxy.addr())]).await;
+    let direct = connect(&etcd.endpoints()).await;
+    let mut a = election(&cut_off, "black-hole", "a", TTL).campaign();
+    elected(&mut a).await;
+    let mut b = election(&direct, "black-hole", "b", TTL).campaign();
+    follows(&b).await;
+
+    proxy.blackhole(true);
+    let cut = Instant::now();
+    let (reason, b_term) = tokio::join!(
+        async {
+            let reason = demoted(&mut a).await;
+            (reason, Instant::now())
+        },
+        async {
+            let term = elected(&mut b).await;
+            (term, Instant::now())
+        }
+    );
+    let ((reason, a_fenced), (_, b_elected)) = (reason, b_term);
+    assert_eq!(reason, DemotionReason::RenewDeadlineExceeded);
+    assert!(
+        a_fenced < b_elected,
+        "a fenced itself {:?} after the cut, b led {:?} after it",
+        a_fenced - cut,
+        b_elected - cut
+    );
+    assert!(
+        b_elected - cut >= TTL - TTL / 3,
+        "b led {:?} after the cut, before a's lease could expire",
+        b_elected - cut
+    );
+    proxy.blackhole(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_survives_a_server_pause_shorter_than_the_ttl() {
+    let mut etcd = EtcdServer::single().await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaign = election(&backend, "paused", "a", Duration::from_secs(5)).campaign();
+    elected(&mut campaign).await;
+    etcd.process().pause();
+    sleep(Duration::from_secs(1)).await;
+    etcd.process().resume();
+    let resumed = Instant::now();
+    stays_leader(&mut campaign, Duration::from_secs(3)).await;
+    let last = campaign.status().borrow().last_renewal.expect("a renewal");
+    assert!(last >= resumed, "no renewal confirmed after the pause");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_recovers_after_a_server_restart() {
+    let mut etcd = EtcdServer::single().await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaign = election(&backend, "restarted", "a", Duration::from_secs(5)).campaign();
+    let term = elected(&mut campaign).await;
+    let started = Instant::now();
+    etcd.process().restart().await;
+    let restarted = Instant::now();
+    eprintln!("etcd restarted in {:?}", restarted - started);
+    let mut status = campaign.status();
+    timeout(
+        PATIENCE,
+        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= restarted)),
+    )
+    .await
+    .expect("renewals resume after the restart")
+    .expect("campaign running");
+    assert!(
+        !term.is_cancelled(),
+        "the lease survives a restart, and so does the term"
+    );
+    stays_leader(&mut campaign, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_survives_losing_one_member_of_three() {
+    let mut cluster = EtcdCluster::three().await;
+    let backend = connect(&cluster.endpoints()).await;
+    let mut campaign = election(&backend, "cluster", "a", Duration::from_secs(5)).campaign();
+    elected(&mut campaign).await;
+    cluster.member(0).kill9();
+    let killed = Instant::now();
+    let mut status = campaign.status();
+    timeout(
+        PATIENCE,
+        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= killed)),
+    )
+    .await
+    .expect("renewals go on with two members")
+    .expect("campaign running");
+    stays_leader(&mut campaign, Duration::from_secs(2)).await;
+}
+
+#[tokio::test]
+async fn malformed_endpoints_are_invalid_config() {
+    for endpoints in [
+        vec!["http//127.0.0.1:2379"],
+        vec!["127.0.0.1"],
+        vec!["http://127.0.0.1:2379", "http://127.0.0.1:notaport"],
+        vec!["unix:///run/etcd.sock"],
+        vec![],
+    ] {
+        match EtcdBackend::connect(endpoints.clone()).await {
+            Err(Error::InvalidConfig { reason, .. }) => {
+                assert!(reason.contains("http://"), "{endpoints:?}: {reason}")
+            }
+            other => panic!("{endpoints:?}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn unreachable_endpoint_is_unavailable() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = free.local_addr().expect("address");
+    drop(free);
+    let connected = EtcdBackend::builder([format!("http://{addr}")])
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await;
+    match connected {
+        Err(error @ Error::Unavailable { .. }) => assert!(error.is_transient()),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Starts etcd with authentication on: user `root` (password `secret`) is the only user.
+async fn etcd_with_auth() -> EtcdServer {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    client
+        .user_add("root", "secret", None)
+        .await
+        .expect("add root");
+    client
+        .user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+    client.auth_enable().await.expect("enable auth");
+    etcd
+}
+
+#[tokio::test]
+async fn wrong_password_is_unauthorized() {
+    let etcd = etcd_with_auth().await;
+    EtcdBackend::builder(etcd.endpoints())
+        .user("root", "secret")
+        .connect()
+        .await
+        .expect("the right password connects");
+    let wrong = EtcdBackend::builder(etcd.endpoints())
+        .user("root", "wrong")
+        .connect()
+        .await;
+    match wrong {
+        Err(error @ Error::Unauthorized { .. }) => {
+            assert!(!error.is_transient());
+            assert!(
+                !error.to_string().contains("wrong"),
+                "the password leaked: {error}"
+            );
+        }
+        other => panic!("expected Unauthorized, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_user_campaigns() {
+    let etcd = etcd_with_auth().await;
+    let backend = EtcdBackend::builder(etcd.endpoints())
+        .user("root", "secret")
+        .connect()
+        .await
+        .expect("connect");
+    let mut campaign = election(&backend, "authenticated", "a", TTL).campaign();
+    elected(&mut campaign).await;
+    stays_leader(&mut campaign, Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn missing_credentials_on_an_auth_cluster_are_unauthorized() {
+    let etcd = etcd_with_auth().await;
+    match EtcdBackend::connect(etcd.endpoints()).await {
+        Err(Error::Unauthorized { .. }) => {}
+        other => panic!("expected Unauthorized, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn debug_output_hides_the_password() {
+    let etcd = etcd_with_auth().await;
+    let backend = EtcdBackend::builder(etcd.endpoints())
+        .user("root", "secret")
+        .connect()
+        .await
+        .expect("connect");
+    let shown = format!("{backend:?}");
+    assert!(shown.contains("root"), "{shown}");
+    assert!(!shown.contains("secret"), "the password leaked: {shown}");
+}
+
+/// Writes a CA, a server certificate for 127.0.0.1 and a client certificate into `dir`, with
+/// the `openssl` command.
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let output = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (Debian: apt-get install openssl)");
+        assert!(output.status.success(), "openssl {args:?}: {output:?}");
+    };
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &[
+                "req",
+                "-x509",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=incumbent test CA",
+            ][..],
+            &key,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+            &["-addext", "basicConstraints=critical,CA:TRUE"],
+            &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req", "-x509", "-days", "1", "-subj", "/CN=some other CA"][..],
+            &key,
+            &["-keyout", "other-ca.key", "-out", "other-ca.pem"],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
+         extendedKeyUsage=serverAuth,clientAuth\n\
+         basicConstraints=CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\n",
+    )
+    .expect("write extensions");
+    for leaf in ["server", "client"] {
+        let (csr, pem, private) = (
+            format!("{leaf}.csr"),
+            format!("{leaf}.pem"),
+            format!("{leaf}.key"),
+        );
+        openssl(
+            &[
+                &["req", "-subj", &format!("/CN={leaf}")][..],
+                &key,
+                &["-keyout", &private, "-out", &csr],
+            ]
+            .concat(),
+        );
+        openssl(&[
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            "leaf.ext",
+            "-out",
+            &pem,
+        ]);
+    }
+}
+
+/// Starts etcd serving clients over TLS and requiring client certificates; its health is
+/// probed on a plain-HTTP metrics listener.
+async fn etcd_with_tls(dir: &std::path::Path) -> (support::ServerProcess, String) {
+    let client = support::net::free_addr();
+    let peer = support::net::free_addr();
+    let metrics = support::net::free_addr();
+    let file = |name: &str| dir.join(name).display().to_string();
+    let args = vec![
+        "--name=tls".to_owned(),
+        format!("--data-dir={}", file("data")),
+        format!("--listen-client-urls=https://{client}"),
+        format!("--advertise-client-urls=https://{client}"),
+        format!("--listen-peer-urls=http://{peer}"),
+        format!("--initial-advertise-peer-urls=http://{peer}"),
+        format!("--initial-cluster=tls=http://{peer}"),
+        format!("--listen-metrics-urls=http://{metrics}"),
+        format!("--cert-file={}", file("server.pem")),
+        format!("--key-file={}", file("server.key")),
+        format!("--trusted-ca-file={}", file("ca.pem")),
+        "--client-cert-auth".to_owned(),
+    ];
+    let probe = support::Probe::Http {
+        addr: metrics,
+        path: "/health",
+        check: support::etcd::is_healthy,
+    };
+    let mut process = support::ServerProcess::spawn(
+        "etcd-tls",
+        support::bin::find_binary("etcd"),
+        args,
+        dir,
+        probe,
+    );
+    process.wait_ready().await;
+    (process, format!("https://{client}"))
+}
+
+/// With the `etcd-tls` feature: a CA and a client certificate reach an etcd that requires
+/// them. Without it: asking for TLS names the feature to enable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_client_certificate() {
+    // Without the feature, asking for TLS is refused before anything is sent.
+    let probe = EtcdBackend::builder(["https://127.0.0.1:9"])
+        .ca_certificate("-----BEGIN CERTIFICATE-----\n")
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await;
+    if let Err(Error::InvalidConfig { reason, .. }) = &probe
+        && reason.contains("etcd-tls")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    make_certificates(dir.path());
+    let read = |name: &str| std::fs::read(dir.path().join(name)).expect("read PEM");
+    let with_tls = |endpoint: &str| {
+        EtcdBackend::builder([endpoint.to_owned()])
+            .ca_certificate(read("ca.pem"))
+            .client_identity(read("client.pem"), read("client.key"))
+            .connect_timeout(Duration::from_secs(2))
+    };
+
+    let (_etcd, endpoint) = etcd_with_tls(dir.path()).await;
+    let backend = with_tls(&endpoint)
+        .connect()
+        .await
+        .expect("connect over TLS");
+    assert!(!format!("{backend:?}").contains("PRIVATE KEY"));
+    let mut campaign = election(&backend, "tls", "a", TTL).campaign();
+    elected(&mut campaign).await;
+
+    let insecure = EtcdBackend::connect([endpoint.replace("https://", "http://")]).await;
+    assert!(
+        matches!(
+            insecure,
+            Err(Error::Unavailable { .. }) | Err(Error::Store { .. })
+        ),
+        "{insecure:?}"
+    );
+    let anonymous = EtcdBackend::builder([endpoint.clone()])
+        .ca_certificate(read("ca.pem"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    assert!(
+        anonymous.is_err(),
+        "etcd requires a client certificate: {anonymous:?}"
+    );
+    eprintln!("without a client certificate: {anonymous:?}");
+    let untrusted = EtcdBackend::builder([endpoint.clone()])
+        .ca_certificate(read("other-ca.pem"))
+        .client_identity(read("client.pem"), read("client.key"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    match untrusted {
+        Err(Error::InvalidConfig { reason, .. }) => assert!(reason.contains("TLS"), "{reason}"),
+        other => panic!("an untrusted server certificate is a configuration error: {other:?}"),
+    }
+    let mixed = with_tls(&endpoint.replace("https://", "http://"))
+        .connect()
+        .await;
+    assert!(
+        matches!(mixed, Err(Error::InvalidConfig { .. })),
+        "{mixed:?}"
+    );
+}
