@@ -177,6 +177,8 @@ pub mod etcd;
 mod event;
 #[cfg(all(feature = "file", unix))]
 pub mod file;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod memory;
 pub mod metrics;
 mod term;

@@ -1,1 +1,374 @@
-fn main() {}
+//! `incumbent`: run any command as a singleton, and see who leads.
+//!
+//! ```text
+//! incumbent run     [--backend URL] --election NAME [--id ID] [--meta KEY=VALUE]…
+//!                   [--ttl DUR] [--lock-delay DUR] [--grace DUR] [--exit-with-child] -- CMD [ARG]…
+//! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
+//! incumbent observe [--backend URL] --election NAME [--json]
+//! incumbent resign  [--backend URL] --election NAME [--timeout DUR]
+//! global options:   [--log-format text|json] [--quiet]
+//! ```
+//!
+//! `run` campaigns for the election and runs `CMD` only while this process leads. The command
+//! is started in a process group of its own, with its standard input closed; on the loss of
+//! leadership (or on SIGINT / SIGTERM) the group gets SIGTERM, then SIGKILL after `--grace`,
+//! and only then is the lock released; a second SIGINT / SIGTERM kills the group at once.
+//! SIGHUP counts as SIGTERM.
+//! When the command exits while leader, whatever is left of its process group is killed, and
+//! this process resigns and campaigns again (the command runs again when it is re-elected;
+//! after exits within 10 s of the start, only after a delay of 1 s, doubling up to 30 s, so
+//! that a crashing command never runs in a hot loop), or with `--exit-with-child` releases
+//! the lock and exits with the command's status. If this process dies, even by `kill -9`,
+//! the kernel kills the command (Linux: `PR_SET_PDEATHSIG`) and releases a file lock at once;
+//! processes the command started itself are not covered by that: `exec` the worker from
+//! wrapper scripts.
+//!
+//! The command's environment gets `INCUMBENT_ELECTION`, `INCUMBENT_CANDIDATE` (this
+//! candidate's id), `INCUMBENT_FENCING_TOKEN` (pass it with every write, so that stale leaders
+//! are rejected) and `INCUMBENT_TERM_STARTED` (RFC 3339, UTC, with milliseconds).
+//! The candidate publishes `host` and `pid` in its metadata, with `resign=SIGUSR1`: SIGUSR1
+//! makes it resign (the term ends, the command is stopped, the lock released, and it campaigns
+//! again), which is what `incumbent resign`, run on the leader's host, sends.
+//!
+//! The backend comes from `--backend` or `INCUMBENT_BACKEND` (default `file:`, the default lock
+//! directory): see `incumbent::url`. Credentials come only from the environment.
+//! Durations are written like `500ms`, `10s`, `2m`, `1h` or `1m30s`.
+//!
+//! Exit codes:
+//! - `0`: success: `run` shut down gracefully (SIGINT, SIGTERM or SIGHUP); `status` printed
+//!   the leader, or that nobody leads; `observe` was interrupted; `resign` saw the leader go;
+//! - `1`: a run-time failure: the store failed, the command could not be started, the leader
+//!   could not be asked to resign, nobody leads;
+//! - `2`: a usage or configuration error: bad options, a malformed backend URL, a backend not
+//!   compiled in, an invalid election name or timing, a command not found;
+//! - with `--exit-with-child`: the command's own exit status (128 + N if signal N killed it).
+
+// This file is the crate root of the binary: its modules live in `src/bin/incumbent/`.
+#[path = "incumbent/duration.rs"]
+mod duration;
+#[path = "incumbent/inspect.rs"]
+mod inspect;
+#[path = "incumbent/process.rs"]
+mod process;
+#[path = "incumbent/report.rs"]
+mod report;
+#[path = "incumbent/run.rs"]
+mod run;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::error::ErrorKind;
+use clap::{Args, Parser, Subcommand};
+use incumbent::url::BackendUrl;
+
+use crate::report::{LogFormat, Reporter};
+
+/// Run a command only while this process leads an election; see who leads.
+#[derive(Debug, Parser)]
+#[command(
+    name = "incumbent",
+    version,
+    propagate_version = true,
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// How to write status lines and errors on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    /// Write only errors.
+    #[arg(long, short, global = true)]
+    quiet: bool,
+}
+
+const EXIT_CODES: &str = "\
+Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures; \
+2 for usage and configuration errors; with `run --exit-with-child`, the command's own status.";
+
+const RUN_HELP: &str = "\
+The command's environment: INCUMBENT_ELECTION, INCUMBENT_CANDIDATE (this candidate's id), \
+INCUMBENT_FENCING_TOKEN (greater for every new term: send it with every write), \
+INCUMBENT_TERM_STARTED (RFC 3339, UTC, milliseconds). Its standard input is closed.
+
+When the command exits while leader, the rest of its process group is killed and this process \
+resigns; it runs the command again when re-elected (after repeated exits within 10s, only \
+after a delay of 1s doubling up to 30s). If this process dies, even by SIGKILL, the command is \
+killed too (Linux).
+
+Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures; 2 for usage and \
+configuration errors; with --exit-with-child, the command's own status (128+N after signal N).";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD only while this process leads the election.
+    ///
+    /// The command starts when this process is elected, in a process group of its own. When
+    /// leadership ends, the group gets SIGTERM, then SIGKILL after --grace, and only then is
+    /// the lock released. SIGINT, SIGTERM or SIGHUP stop the command the same way, release the
+    /// lock and exit 0 (a second one kills the command at once); SIGUSR1 makes this process
+    /// resign and campaign again.
+    #[command(after_long_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Print the current leader of the election.
+    Status(StatusArgs),
+    /// Print the leader of the election each time it changes, until interrupted.
+    Observe(ObserveArgs),
+    /// Ask the leader (an `incumbent run` on this host) to step down, and wait until it has.
+    Resign(ResignArgs),
+}
+
+#[derive(Debug, Args)]
+struct Target {
+    /// Where the election lives: file:///dir, file: (the default directory), memory:,
+    /// etcd://host:port[,host:port…][/prefix], consul://host:port[/prefix].
+    #[arg(
+        long,
+        env = "INCUMBENT_BACKEND",
+        hide_env_values = true,
+        default_value = "file:",
+        value_name = "URL"
+    )]
+    backend: String,
+    /// The election's name, e.g. jobs/index-builder.
+    #[arg(long, value_name = "NAME")]
+    election: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    target: Target,
+    /// This candidate's identity, as others see it [default: host-pid-xxxx].
+    #[arg(long, value_name = "ID")]
+    id: Option<String>,
+    /// Metadata others can read with the leader (repeatable). `host`, `pid` and `resign` are
+    /// set by incumbent.
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = key_value)]
+    metadata: Vec<(String, String)>,
+    /// How long the store keeps the session without renewal [default: 10s].
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    ttl: Option<Duration>,
+    /// After a lost session, how long the store keeps the lock from everyone (Consul).
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    lock_delay: Option<Duration>,
+    /// How long the command gets to exit after SIGTERM before its group gets SIGKILL.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
+    grace: Duration,
+    /// When the command exits while leader, release the lock and exit with its status
+    /// (instead of resigning and running it again when re-elected).
+    #[arg(long)]
+    exit_with_child: bool,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// How long to wait for the store.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
+    timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+struct ObserveArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print one JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ResignArgs {
+    #[command(flatten)]
+    target: Target,
+    /// How long to wait for the leader to step down.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
+    timeout: Duration,
+}
+
+/// Why the program failed, and so its exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad options or configuration: exit code 2.
+    Usage(String),
+    /// Anything else: exit code 1.
+    Runtime(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Runtime(_) => 1,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Failure::Usage(m) | Failure::Runtime(m) => m,
+        }
+    }
+}
+
+impl From<incumbent::Error> for Failure {
+    fn from(error: incumbent::Error) -> Self {
+        use incumbent::Error as E;
+        if let E::Unavailable { backend, reason } = &error {
+            // The library's message promises a retry; this program gives up instead.
+            return Failure::Runtime(format!("{backend} is unavailable: {reason}"));
+        }
+        if matches!(
+            error,
+            E::InvalidElectionName { .. }
+                | E::InvalidCandidate { .. }
+                | E::InvalidTiming { .. }
+                | E::InvalidConfig { .. }
+        ) {
+            Failure::Usage(error.to_string())
+        } else {
+            Failure::Runtime(error.to_string())
+        }
+    }
+}
+
+fn key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+/// The backend URL and the election name, checked before anything connects.
+fn target(target: &Target) -> Result<(BackendUrl, String), Failure> {
+    let url: BackendUrl = target.backend.parse()?;
+    incumbent::config::validate_name(&target.election)?;
+    Ok((url, target.election.clone()))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(&error),
+    };
+    let out = Reporter::new(cli.log_format, cli.quiet);
+    out.install_tracing();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            out.fatal(&format!("cannot start the async runtime: {e}"));
+            return ExitCode::from(1);
+        }
+    };
+    // Everything runs on this, the main, thread, which lives as long as the process: the
+    // command's parent-death signal fires when the thread that forked it exits.
+    let outcome = runtime.block_on(dispatch(cli.command, out.clone()));
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            out.fatal(failure.message());
+            ExitCode::from(failure.code())
+        }
+    }
+}
+
+async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
+    match command {
+        Command::Run(args) => {
+            let (url, election) = target(&args.target)?;
+            let program = process::resolve(&args.command).map_err(Failure::Usage)?;
+            let run = run::Run {
+                election,
+                backend: url.to_string(),
+                id: args.id,
+                metadata: args.metadata,
+                ttl: args.ttl,
+                lock_delay: args.lock_delay,
+                grace: args.grace,
+                exit_with_child: args.exit_with_child,
+                program,
+                args: args.command.into_iter().skip(1).collect(),
+                out,
+            };
+            url.connect(run).await?
+        }
+        Command::Status(args) => {
+            let (url, election) = target(&args.target)?;
+            url.connect(inspect::Status {
+                election,
+                json: args.json,
+                timeout: args.timeout,
+            })
+            .await?
+        }
+        Command::Observe(args) => {
+            let (url, election) = target(&args.target)?;
+            url.connect(inspect::Observe {
+                election,
+                json: args.json,
+                out,
+            })
+            .await?
+        }
+        Command::Resign(args) => {
+            let (url, election) = target(&args.target)?;
+            url.connect(inspect::Resign {
+                election,
+                timeout: args.timeout,
+            })
+            .await?
+        }
+    }
+}
+
+/// Prints a command-line error as one line and returns exit code 2 (help and version: 0).
+fn usage_error(error: &clap::Error) -> ExitCode {
+    match error.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = error.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = error.print();
+            return ExitCode::from(2);
+        }
+        _ => {}
+    }
+    // clap's message is the first paragraph (some list arguments on lines of their own);
+    // usage and tips follow after a blank line.
+    let rendered = error.render().to_string();
+    let paragraph: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let joined = paragraph.join(" ");
+    let message = joined.strip_prefix("error: ").unwrap_or(&joined);
+    let running = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .is_some_and(|a| a == "run");
+    let hint = match error.kind() {
+        ErrorKind::MissingRequiredArgument if message.contains("<CMD>") => {
+            "; give the command after `--`, as in: incumbent run --election NAME -- ./worker --flag"
+        }
+        ErrorKind::UnknownArgument if running => {
+            "; put the command to run after `--`, as in: incumbent run --election NAME -- ./worker --flag"
+        }
+        _ => "; see incumbent --help",
+    };
+    eprintln!("incumbent: {message}{hint}");
+    ExitCode::from(2)
+}

@@ -60,6 +60,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     }
 
     /// Restarts the store, keeping its data.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     async fn restart(_server: &mut Self::Server) {
         unimplemented!("this store cannot be restarted")
     }

@@ -1,0 +1,642 @@
+//! Health endpoints for axum: `/healthz`, `/readyz` and `/leader`, for one election or many.
+//!
+//! Build a [`Health`] from the [`status`](crate::Campaign::status) receivers of the campaigns
+//! this process runs, and merge its [`router`](Health::router) into your application:
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use incumbent::{Election, file::FileBackend, http::Health};
+//!
+//! let index = Election::builder(FileBackend::new(), "jobs/index").build()?.campaign();
+//! let mail = Election::builder(FileBackend::new(), "jobs/mail").build()?.campaign();
+//!
+//! let app = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "hello" }))
+//!     .merge(Health::new().election(index.status()).election(mail.status()).router());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The router's state is already provided, so it is a plain [`axum::Router`]: merge it into an
+//! application with state after that application's own `with_state(..)`, or
+//! [`nest`](axum::Router::nest) it under a prefix.
+//!
+//! # Endpoints
+//!
+//! Every endpoint takes an optional `?election=NAME` query parameter (repeatable; URL-encode
+//! the name, e.g. `jobs%2Findex`, or write the `/` as is) that restricts it to those elections.
+//! Naming an election that was not added answers `404`. Without it, an endpoint covers every
+//! election added. Bodies are JSON, and every response carries `Cache-Control: no-store`.
+//!
+//! | endpoint | `200` | `503` |
+//! |---|---|---|
+//! | `GET /healthz` | every campaign is healthy | one is not; `reason` says why |
+//! | `GET /readyz` | this process leads every election asked about | it does not lead one of them |
+//! | `GET /leader` | always: who leads, as this process sees it | never |
+//!
+//! **`/healthz`** is for liveness checks. A campaign is unhealthy when
+//! - it has stopped;
+//! - it leads, but its renew deadline has passed without a confirmed renewal (it is about to
+//!   fence itself);
+//! - its last term ended because no renewal was confirmed within the renew deadline
+//!   ([`DemotionReason::RenewDeadlineExceeded`]), and it has not become a follower or leader
+//!   again since: it cannot get through to the store;
+//! - it has been failing to reach the store for longer than
+//!   [`unreachable_after`](Health::unreachable_after) (default
+//!   [`DEFAULT_UNREACHABLE_AFTER`]), as its [`Problem`](crate::Problem) says.
+//!
+//! Followers, candidates and campaigns cooling down after a loss are healthy: they are doing
+//! their job.
+//!
+//! **`/readyz`** is for load balancers that should route only to the leader: `200` only while
+//! this process leads (and its renew deadline has not passed). With several elections, ask
+//! about one with `/readyz?election=NAME`; without the parameter it answers `200` only if this
+//! process leads *every* election added.
+//!
+//! **`/leader`** reports, for each election: this candidate, its role, the current leader's
+//! identity, metadata and fencing token and since when it leads, this process's term while it
+//! leads, the last confirmed renewal, the renew deadline, the problem being worked around and
+//! the last demotion. Times are given twice: as RFC 3339 in UTC with milliseconds
+//! (`"2026-11-22T10:00:00.123Z"`) and as milliseconds since the Unix epoch (`*_unix_ms`).
+//! Monotonic instants are converted to the wall clock at the time of the request.
+//!
+//! ```json
+//! {
+//!   "elections": [
+//!     {
+//!       "election": "jobs/index",
+//!       "candidate": { "id": "host-a:8080", "metadata": { "zone": "a" } },
+//!       "role": "leader",
+//!       "is_leader": true,
+//!       "healthy": true,
+//!       "leader": {
+//!         "id": "host-a:8080", "metadata": { "zone": "a" }, "fencing_token": 7,
+//!         "since": "2026-11-22T10:00:00.123Z", "since_unix_ms": 1795341600123
+//!       },
+//!       "term": {
+//!         "fencing_token": 7,
+//!         "started_at": "2026-11-22T10:00:00.123Z", "started_at_unix_ms": 1795341600123
+//!       },
+//!       "last_renewal": "2026-11-22T10:00:03.456Z", "last_renewal_unix_ms": 1795341603456,
+//!       "renew_deadline_at": "2026-11-22T10:00:10.123Z", "renew_deadline_at_unix_ms": 1795341610123,
+//!       "problem": null,
+//!       "last_demotion": null
+//!     }
+//!   ]
+//! }
+//! ```
+//!
+//! `/healthz` and `/readyz` answer
+//! `{"healthy": bool, "elections": [{"election", "role", "healthy", "reason"?}]}` and
+//! `{"ready": bool, "elections": [{"election", "role", "ready"}]}`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::event::{DemotionReason, Role, Status};
+
+/// How long the store may stay unreachable before `/healthz` answers `503`, by default:
+/// long enough to ride out a store's own leader election or a restart, short enough that an
+/// orchestrator notices a lasting partition within a minute.
+pub const DEFAULT_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+
+/// Health endpoints for the campaigns of this process. See the [module docs](self).
+///
+/// Cheap to clone; build it once, then call [`router`](Health::router).
+#[derive(Clone, Debug)]
+pub struct Health {
+    elections: Vec<watch::Receiver<Status>>,
+    unreachable_after: Duration,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A router for these campaigns' statuses, with the default settings: shorthand for
+/// `Health::new().election(a).election(b)….router()`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+/// use incumbent::{Election, memory::MemoryBackend};
+///
+/// let campaign = Election::builder(MemoryBackend::new(), "scheduler").build()?.campaign();
+/// let app: axum::Router = incumbent::http::router([campaign.status()]);
+/// # Ok(()) }
+/// ```
+pub fn router(statuses: impl IntoIterator<Item = watch::Receiver<Status>>) -> Router {
+    statuses
+        .into_iter()
+        .fold(Health::new(), Health::election)
+        .router()
+}
+
+impl Health {
+    /// No elections yet, and the default settings.
+    pub fn new() -> Self {
+        Health {
+            elections: Vec::new(),
+            unreachable_after: DEFAULT_UNREACHABLE_AFTER,
+        }
+    }
+
+    /// Adds a campaign, by its [`status`](crate::CampaignHandle::status) receiver. It is
+    /// reported under its election's name ([`Status::election`]). Two campaigns of the same
+    /// election are both reported, and `?election=NAME` selects both.
+    pub fn election(mut self, status: watch::Receiver<Status>) -> Self {
+        self.elections.push(status);
+        self
+    }
+
+    /// How long a campaign may fail to reach its store before `/healthz` reports it unhealthy
+    /// (default [`DEFAULT_UNREACHABLE_AFTER`]), counted from the first failure
+    /// ([`Problem::since`](crate::Problem::since)).
+    pub fn unreachable_after(mut self, threshold: Duration) -> Self {
+        self.unreachable_after = threshold;
+        self
+    }
+
+    /// The router serving `GET /healthz`, `GET /readyz` and `GET /leader` (and `HEAD`).
+    pub fn router(self) -> Router {
+        Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/leader", get(leader))
+            .with_state(Arc::new(self))
+    }
+
+    /// Snapshots of the campaigns the query selects, or why the query cannot be answered.
+    fn select(&self, query: Option<&str>) -> Result<Vec<Status>, Rejection> {
+        let wanted = match query {
+            Some(query) => elections_in(query).ok_or_else(|| Rejection {
+                code: StatusCode::BAD_REQUEST,
+                message: "the query is not valid URL encoding; write ?election=NAME".into(),
+            })?,
+            None => Vec::new(),
+        };
+        let statuses: Vec<Status> = self.elections.iter().map(|s| s.borrow().clone()).collect();
+        if wanted.is_empty() {
+            return Ok(statuses);
+        }
+        if let Some(missing) = wanted
+            .iter()
+            .find(|name| !statuses.iter().any(|s| &s.election == *name))
+        {
+            let mut known: Vec<&str> = statuses.iter().map(|s| s.election.as_str()).collect();
+            known.dedup();
+            return Err(Rejection {
+                code: StatusCode::NOT_FOUND,
+                message: format!(
+                    "no election named {missing:?} is served here; known: {}",
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            });
+        }
+        Ok(statuses
+            .into_iter()
+            .filter(|s| wanted.contains(&s.election))
+            .collect())
+    }
+
+    /// Why a campaign is unhealthy, or `None` when it is healthy.
+    fn diagnose(&self, status: &Status, now: Instant) -> Option<String> {
+        if status.role == Role::Stopped {
+            return Some("the campaign has stopped".into());
+        }
+        if status.role == Role::Leader
+            && let Some(deadline) = status.renew_deadline_at
+            && deadline <= now
+        {
+            return Some(format!(
+                "the leader has not confirmed its lease for longer than its renew deadline \
+                 (passed {} ago); it is fencing itself",
+                human(now - deadline)
+            ));
+        }
+        if status.last_demotion == Some(DemotionReason::RenewDeadlineExceeded)
+            && !matches!(status.role, Role::Leader | Role::Follower)
+        {
+            return Some(format!(
+                "the last term ended because no renewal was confirmed within the renew deadline, \
+                 and the campaign has not reached the store since{}",
+                status
+                    .problem
+                    .as_ref()
+                    .map(|p| format!(": {}", p.message))
+                    .unwrap_or_default()
+            ));
+        }
+        if let Some(problem) = &status.problem {
+            let failing = now.saturating_duration_since(problem.since);
+            if failing >= self.unreachable_after {
+                return Some(format!(
+                    "the store has been failing for {} (threshold {}): {}",
+                    human(failing),
+                    human(self.unreachable_after),
+                    problem.message
+                ));
+            }
+        }
+        None
+    }
+}
+
+async fn healthz(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) -> Response {
+    let statuses = match health.select(query.as_deref()) {
+        Ok(s) => s,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let now = Instant::now();
+    let elections: Vec<HealthReport> = statuses
+        .iter()
+        .map(|s| {
+            let reason = health.diagnose(s, now);
+            HealthReport {
+                election: &s.election,
+                role: s.role.as_str(),
+                healthy: reason.is_none(),
+                reason,
+            }
+        })
+        .collect();
+    let healthy = elections.iter().all(|e| e.healthy);
+    json(verdict(healthy), &HealthBody { healthy, elections })
+}
+
+async fn readyz(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) -> Response {
+    let statuses = match health.select(query.as_deref()) {
+        Ok(s) => s,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let now = Instant::now();
+    let elections: Vec<ReadyReport> = statuses
+        .iter()
+        .map(|s| ReadyReport {
+            election: &s.election,
+            role: s.role.as_str(),
+            ready: s.is_leader() && s.renew_deadline_at.is_none_or(|d| d > now),
+        })
+        .collect();
+    let ready = !elections.is_empty() && elections.iter().all(|e| e.ready);
+    json(verdict(ready), &ReadyBody { ready, elections })
+}
+
+async fn leader(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) -> Response {
+    let statuses = match health.select(query.as_deref()) {
+        Ok(s) => s,
+        Err(rejection) => return rejection.into_response(),
+    };
+    let clock = Clock::now();
+    let elections: Vec<LeaderReport> = statuses
+        .iter()
+        .map(|s| LeaderReport::new(s, &clock, health.diagnose(s, clock.instant).is_none()))
+        .collect();
+    json(StatusCode::OK, &LeaderBody { elections })
+}
+
+fn verdict(ok: bool) -> StatusCode {
+    if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+fn json<T: Serialize>(code: StatusCode, body: &T) -> Response {
+    let mut response = match serde_json::to_vec(body) {
+        Ok(bytes) => (code, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// A request that cannot be answered: a bad query, or an unknown election.
+struct Rejection {
+    code: StatusCode,
+    message: String,
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        json(
+            self.code,
+            &ErrorBody {
+                error: &self.message,
+            },
+        )
+    }
+}
+
+/// The values of every `election` parameter in a query string; `None` if one is not valid
+/// percent-encoded UTF-8.
+fn elections_in(query: &str) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if decode(key)? == "election" {
+            names.push(decode(value)?);
+        }
+    }
+    Some(names)
+}
+
+/// Decodes `application/x-www-form-urlencoded` text: `+` is a space, `%XX` a byte.
+fn decode(text: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.bytes();
+    while let Some(b) = rest.next() {
+        match b {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let hi = char::from(rest.next()?).to_digit(16)?;
+                let lo = char::from(rest.next()?).to_digit(16)?;
+                bytes.push(u8::try_from(hi * 16 + lo).ok()?);
+            }
+            b => bytes.push(b),
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// "1.5s", "250ms", "2m3s": a duration for people.
+fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1_000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if ms < 60_000 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}m{}s", d.as_secs() / 60, d.as_secs() % 60)
+    }
+}
+
+/// Both clocks, read once per request, to turn monotonic instants into wall-clock times.
+struct Clock {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Clock {
+    fn now() -> Self {
+        Clock {
+            instant: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+
+    fn wall(&self, at: Instant) -> SystemTime {
+        let moved = if at <= self.instant {
+            self.wall.checked_sub(self.instant - at)
+        } else {
+            self.wall.checked_add(at - self.instant)
+        };
+        moved.unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// A wall-clock time as JSON gives it: RFC 3339 text, and milliseconds since the Unix epoch.
+struct Time {
+    text: String,
+    unix_ms: u64,
+}
+
+impl Time {
+    fn new(t: SystemTime) -> Self {
+        let unix_ms = t
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        Time {
+            text: rfc3339(unix_ms),
+            unix_ms,
+        }
+    }
+}
+
+/// `2026-11-22T10:00:00.123Z` for milliseconds since the Unix epoch.
+fn rfc3339(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
+    let of_day = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60,
+        unix_ms % 1000
+    )
+}
+
+/// The proleptic Gregorian date of a day number counted from 1970-01-01 (H. Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+#[derive(Serialize)]
+struct HealthBody<'a> {
+    healthy: bool,
+    elections: Vec<HealthReport<'a>>,
+}
+
+#[derive(Serialize)]
+struct HealthReport<'a> {
+    election: &'a str,
+    role: &'static str,
+    healthy: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ReadyBody<'a> {
+    ready: bool,
+    elections: Vec<ReadyReport<'a>>,
+}
+
+#[derive(Serialize)]
+struct ReadyReport<'a> {
+    election: &'a str,
+    role: &'static str,
+    ready: bool,
+}
+
+#[derive(Serialize)]
+struct LeaderBody<'a> {
+    elections: Vec<LeaderReport<'a>>,
+}
+
+#[derive(Serialize)]
+struct CandidateReport<'a> {
+    id: &'a str,
+    metadata: &'a BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct LeaderReport<'a> {
+    election: &'a str,
+    candidate: CandidateReport<'a>,
+    role: &'static str,
+    is_leader: bool,
+    healthy: bool,
+    leader: Option<LeaderInfo<'a>>,
+    term: Option<TermInfo>,
+    last_renewal: Option<String>,
+    last_renewal_unix_ms: Option<u64>,
+    renew_deadline_at: Option<String>,
+    renew_deadline_at_unix_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cooling_down_until: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cooling_down_until_unix_ms: Option<u64>,
+    problem: Option<ProblemInfo<'a>>,
+    last_demotion: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct LeaderInfo<'a> {
+    id: &'a str,
+    metadata: &'a BTreeMap<String, String>,
+    fencing_token: Option<u64>,
+    since: Option<String>,
+    since_unix_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct TermInfo {
+    fencing_token: u64,
+    started_at: String,
+    started_at_unix_ms: u64,
+}
+
+#[derive(Serialize)]
+struct ProblemInfo<'a> {
+    message: &'a str,
+    since: String,
+    since_unix_ms: u64,
+}
+
+/// An optional time as its two JSON fields: RFC 3339 text and Unix milliseconds.
+fn split(time: Option<Time>) -> (Option<String>, Option<u64>) {
+    match time {
+        Some(Time { text, unix_ms }) => (Some(text), Some(unix_ms)),
+        None => (None, None),
+    }
+}
+
+impl<'a> LeaderReport<'a> {
+    fn new(s: &'a Status, clock: &Clock, healthy: bool) -> Self {
+        let (last_renewal, last_renewal_unix_ms) =
+            split(s.last_renewal.map(|at| Time::new(clock.wall(at))));
+        let (renew_deadline_at, renew_deadline_at_unix_ms) =
+            split(s.renew_deadline_at.map(|at| Time::new(clock.wall(at))));
+        let (cooling_down_until, cooling_down_until_unix_ms) = split(match s.role {
+            Role::CoolingDown { until } => Some(Time::new(clock.wall(until))),
+            _ => None,
+        });
+        LeaderReport {
+            election: &s.election,
+            candidate: CandidateReport {
+                id: &s.candidate.id,
+                metadata: &s.candidate.metadata,
+            },
+            role: s.role.as_str(),
+            is_leader: s.is_leader(),
+            healthy,
+            leader: s.leader.as_ref().map(|l| {
+                let (since, since_unix_ms) = split(l.since().map(Time::new));
+                LeaderInfo {
+                    id: &l.candidate.id,
+                    metadata: &l.candidate.metadata,
+                    fencing_token: l.fencing_token,
+                    since,
+                    since_unix_ms,
+                }
+            }),
+            term: s.term.as_ref().map(|t| {
+                let started = Time::new(t.started_at());
+                TermInfo {
+                    fencing_token: t.fencing_token(),
+                    started_at: started.text,
+                    started_at_unix_ms: started.unix_ms,
+                }
+            }),
+            last_renewal,
+            last_renewal_unix_ms,
+            renew_deadline_at,
+            renew_deadline_at_unix_ms,
+            cooling_down_until,
+            cooling_down_until_unix_ms,
+            problem: s.problem.as_ref().map(|p| {
+                let since = Time::new(p.since_wall);
+                ProblemInfo {
+                    message: &p.message,
+                    since: since.text,
+                    since_unix_ms: since.unix_ms,
+                }
+            }),
+            last_demotion: s.last_demotion.map(DemotionReason::as_str),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339_in_utc_with_milliseconds() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_001), "2000-02-29T00:00:00.001Z");
+        assert_eq!(rfc3339(1_795_341_600_123), "2026-11-22T10:00:00.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn election_parameters_are_decoded() {
+        assert_eq!(
+            elections_in("election=jobs%2Findex&x=1&election=a/b+c"),
+            Some(vec!["jobs/index".to_owned(), "a/b c".to_owned()])
+        );
+        assert_eq!(elections_in(""), Some(vec![]));
+        assert_eq!(elections_in("election=%zz"), None);
+        assert_eq!(elections_in("election=%ff"), None);
+    }
+}

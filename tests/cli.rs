@@ -1,0 +1,582 @@
+//! The `incumbent` command line, run as real processes on the file backend in a temporary
+//! directory. One behaviour per test, named for it. Every wait is bounded, and every process
+//! a test starts is killed when the test ends, pass or fail.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
+const ELECTION: &str = "jobs/index";
+/// How long any wait in these tests may take before the test fails.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The command each candidate runs: it appends `pid token term-start election` to the file
+/// named by its first argument, then becomes a long sleep (same pid).
+const SLEEPER: &str = r#"echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; exec sleep 600"#;
+
+/// Polls `done` every 20 ms until it holds or `limit` passes; whether it held.
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is a live process (a zombie, dead but not yet reaped, is not).
+fn alive(pid: i32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z' | 'X') | None)
+}
+
+fn signal(pid: u32, signal: i32) {
+    let pid = i32::try_from(pid).expect("pid fits");
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// A process killed (SIGKILL) and reaped on drop.
+struct Guard(Child);
+
+impl Guard {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    fn exit_within(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let mut status = None;
+        wait_until(limit, || {
+            status = self.0.try_wait().ok().flatten();
+            status.is_some()
+        });
+        status
+    }
+
+    fn is_running(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One start of a candidate's command, as it wrote it.
+#[derive(Clone, Debug)]
+struct Start {
+    pid: i32,
+    token: u64,
+    term_started: String,
+    election: String,
+}
+
+/// An `incumbent run` process, its command's starts, and its log.
+struct Candidate {
+    process: Guard,
+    starts: PathBuf,
+    log: PathBuf,
+}
+
+impl Candidate {
+    fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    fn starts(&self) -> Vec<Start> {
+        let text = fs::read_to_string(&self.starts).unwrap_or_default();
+        text.split_inclusive('\n')
+            .filter(|line| line.ends_with('\n'))
+            .filter_map(|line| {
+                let mut parts = line.split_whitespace();
+                Some(Start {
+                    pid: parts.next()?.parse().ok()?,
+                    token: parts.next()?.parse().ok()?,
+                    term_started: parts.next()?.to_owned(),
+                    election: parts.next()?.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// The `n`th start (from 1), waiting for it.
+    fn start(&self, n: usize) -> Start {
+        let mut starts = Vec::new();
+        let started = wait_until(LIMIT, || {
+            starts = self.starts();
+            starts.len() >= n
+        });
+        assert!(started, "start #{n} did not come; log:\n{}", self.log());
+        starts[n - 1].clone()
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until this candidate reports a leader other than itself: it is following.
+    fn following(&self) {
+        let seen = wait_until(LIMIT, || self.log().contains("leader: "));
+        assert!(seen, "not following; log:\n{}", self.log());
+    }
+}
+
+impl Drop for Candidate {
+    fn drop(&mut self) {
+        // Its commands die with it (parent-death signal); make sure even if that failed.
+        signal(self.process.pid(), libc::SIGKILL);
+        let _ = self.process.0.wait();
+        for start in self.starts() {
+            if alive(start.pid) {
+                signal(start.pid as u32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A temporary directory holding the lock files and the candidates' files.
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Sandbox {
+        Sandbox {
+            dir: tempfile::tempdir().expect("temporary directory"),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env(
+                "INCUMBENT_BACKEND",
+                format!("file://{}", self.dir.path().join("locks").display()),
+            )
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Starts `incumbent run --election ELECTION OPTIONS -- sh -c SCRIPT <starts file>`.
+    fn candidate_running(&self, name: &str, options: &[&str], script: &str) -> Candidate {
+        let starts = self.dir.path().join(format!("{name}.starts"));
+        let log = self.dir.path().join(format!("{name}.log"));
+        let mut args = vec!["run", "--election", ELECTION];
+        args.extend(options);
+        let starts_arg = starts.display().to_string();
+        args.extend(["--", "sh", "-c", script, &starts_arg]);
+        let process = self
+            .command(&args)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn incumbent");
+        Candidate {
+            process: Guard(process),
+            starts,
+            log,
+        }
+    }
+
+    fn candidate(&self, name: &str) -> Candidate {
+        self.candidate_running(name, &[], SLEEPER)
+    }
+
+    /// Runs `incumbent ARGS` to completion (at most `LIMIT`).
+    fn output(&self, args: &[&str]) -> Output {
+        self.output_of(self.command(args))
+    }
+
+    fn output_of(&self, mut command: Command) -> Output {
+        let mut guard = Guard(
+            command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn incumbent"),
+        );
+        assert!(guard.exit_within(LIMIT).is_some(), "{command:?} hangs");
+        let mut output = Output {
+            status: guard.0.wait().expect("status"),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        };
+        if let Some(mut out) = guard.0.stdout.take() {
+            let _ = std::io::Read::read_to_end(&mut out, &mut output.stdout);
+        }
+        if let Some(mut err) = guard.0.stderr.take() {
+            let _ = std::io::Read::read_to_end(&mut err, &mut output.stderr);
+        }
+        output
+    }
+
+    fn status_json(&self) -> Value {
+        let output = self.output(&["status", "--election", ELECTION, "--json"]);
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice(&output.stdout).expect("status --json prints JSON")
+    }
+}
+
+fn leader_pid(status: &Value) -> Option<u32> {
+    status["leader"]["metadata"]["pid"].as_str()?.parse().ok()
+}
+
+#[test]
+fn only_the_leaders_command_runs_with_the_term_in_its_environment() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    let start = a.start(1);
+    let b = sandbox.candidate("b");
+    b.following();
+    thread::sleep(Duration::from_millis(300));
+
+    assert!(b.starts().is_empty(), "the follower ran its command");
+    assert!(alive(start.pid), "the leader's command runs");
+    assert!(start.token >= 1);
+    assert_eq!(start.election, ELECTION);
+    let t = start.term_started.as_bytes();
+    assert!(
+        t.len() == 24 && t[10] == b'T' && t[23] == b'Z',
+        "INCUMBENT_TERM_STARTED is RFC 3339 with milliseconds: {}",
+        start.term_started
+    );
+}
+
+#[test]
+fn a_killed_leaders_command_dies_with_it_and_the_follower_takes_over_with_a_larger_token() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    let first = a.start(1);
+    let b = sandbox.candidate_running("b", &["--log-format", "json"], SLEEPER);
+    b.following();
+
+    signal(a.pid(), libc::SIGKILL);
+    assert!(
+        wait_until(Duration::from_secs(3), || !alive(first.pid)),
+        "the command outlived its incumbent"
+    );
+    let second = b.start(1);
+    assert!(second.token > first.token, "{second:?} after {first:?}");
+
+    let log = b.log();
+    let elected: Vec<Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("--log-format json: JSON lines"))
+        .filter(|event: &Value| event["event"] == "elected")
+        .collect();
+    assert_eq!(elected.len(), 1, "{log}");
+    assert_eq!(elected[0]["fencing_token"], second.token);
+    assert_eq!(elected[0]["election"], ELECTION);
+}
+
+#[test]
+fn sigterm_stops_the_command_releases_the_lock_at_once_and_exits_0() {
+    let sandbox = Sandbox::new();
+    let mut a = sandbox.candidate("a");
+    let first = a.start(1);
+    let b = sandbox.candidate("b");
+    b.following();
+
+    let asked = Instant::now();
+    signal(a.pid(), libc::SIGTERM);
+    let second = b.start(1);
+    let handed_over = asked.elapsed();
+    assert!(
+        !alive(first.pid),
+        "the old command still ran when the new one started"
+    );
+    // The file lock passes to the waiting follower the moment it is released.
+    assert!(
+        handed_over < Duration::from_secs(1),
+        "hand-off took {handed_over:?}"
+    );
+    assert!(second.token > first.token);
+    let status = a.process.exit_within(LIMIT).expect("exits");
+    assert_eq!(status.code(), Some(0), "log:\n{}", a.log());
+    assert!(a.log().contains("the lock is released"), "{}", a.log());
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+    let sandbox = Sandbox::new();
+    let stubborn = r#"trap '' TERM; echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; while :; do sleep 0.05; done"#;
+    let mut a = sandbox.candidate_running("a", &["--grace", "300ms"], stubborn);
+    let start = a.start(1);
+
+    let asked = Instant::now();
+    signal(a.pid(), libc::SIGTERM);
+    let status = a.process.exit_within(LIMIT).expect("exits");
+    assert!(asked.elapsed() >= Duration::from_millis(300), "no grace");
+    assert_eq!(status.code(), Some(0), "log:\n{}", a.log());
+    assert!(!alive(start.pid));
+    assert!(a.log().contains("was killed"), "{}", a.log());
+}
+
+#[test]
+fn status_prints_the_leader_as_json_and_as_a_table() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    let start = a.start(1);
+
+    let status = sandbox.status_json();
+    assert_eq!(status["election"], ELECTION);
+    assert_eq!(leader_pid(&status), Some(a.pid()));
+    assert_eq!(status["leader"]["fencing_token"], start.token);
+    assert!(status["leader"]["id"].is_string());
+    assert!(status["leader"]["metadata"]["host"].is_string());
+    assert!(status["leader"]["since_unix_ms"].is_u64());
+    assert!(status["leader"]["since"].is_string());
+
+    let table = sandbox.output(&["status", "--election", ELECTION]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(table.status.success());
+    assert!(
+        text.contains(&format!("fencing token  {}", start.token)),
+        "{text}"
+    );
+    assert!(text.contains(&format!("pid={}", a.pid())), "{text}");
+
+    let nobody = sandbox.output(&["status", "--election", "jobs/idle", "--json"]);
+    let nobody: Value = serde_json::from_slice(&nobody.stdout).expect("JSON");
+    assert!(nobody["leader"].is_null());
+}
+
+#[test]
+fn observe_prints_each_leader_change() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    a.start(1);
+    let mut observer = Guard(
+        sandbox
+            .command(&["observe", "--election", ELECTION, "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn observe"),
+    );
+    let (tx, lines) = mpsc::channel::<Value>();
+    let stdout = observer.0.stdout.take().expect("piped stdout");
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx
+                .send(serde_json::from_str(&line).expect("one JSON object per line"))
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let first = lines.recv_timeout(LIMIT).expect("the current leader");
+    assert_eq!(leader_pid(&first), Some(a.pid()), "{first}");
+
+    let b = sandbox.candidate("b");
+    b.following();
+    signal(a.pid(), libc::SIGTERM);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines.recv_timeout(left).expect("the change is printed");
+        if leader_pid(&line) == Some(b.pid()) {
+            break;
+        }
+        assert!(line["leader"].is_null(), "an unexpected leader: {line}");
+    }
+
+    signal(observer.pid(), libc::SIGINT);
+    let status = observer
+        .exit_within(LIMIT)
+        .expect("observe stops on SIGINT");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn resign_hands_leadership_to_the_follower() {
+    let sandbox = Sandbox::new();
+    let mut a = sandbox.candidate("a");
+    let first = a.start(1);
+    let b = sandbox.candidate("b");
+    b.following();
+
+    let resign = sandbox.output(&["resign", "--election", ELECTION]);
+    let stdout = String::from_utf8_lossy(&resign.stdout);
+    assert_eq!(
+        resign.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&resign.stderr)
+    );
+    assert!(stdout.contains("the leader is now"), "{stdout}");
+    let second = b.start(1);
+    assert!(second.token > first.token);
+    assert!(!alive(first.pid), "the resigned leader's command runs on");
+    assert!(
+        a.process.is_running(),
+        "the resigned candidate campaigns on"
+    );
+    assert_eq!(leader_pid(&sandbox.status_json()), Some(b.pid()));
+}
+
+#[test]
+fn resign_without_a_leader_fails_with_exit_code_1() {
+    let sandbox = Sandbox::new();
+    let output = sandbox.output(&["resign", "--election", ELECTION]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("nobody leads"), "{stderr}");
+}
+
+#[test]
+fn a_command_that_exits_makes_the_leader_resign_and_run_it_again_when_re_elected() {
+    let sandbox = Sandbox::new();
+    let script = r#"echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; exit 3"#;
+    let a = sandbox.candidate_running("a", &[], script);
+    let first = a.start(1);
+    let second = a.start(2);
+    assert!(second.token > first.token, "a new term: {second:?}");
+    let log = a.log();
+    assert!(log.contains("exit code 3"), "{log}");
+    assert!(log.contains("demoted"), "{log}");
+}
+
+#[test]
+fn exit_with_child_exits_with_the_commands_status_and_releases_the_lock() {
+    let sandbox = Sandbox::new();
+    let script = r#"echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; exit 7"#;
+    let mut a = sandbox.candidate_running("a", &["--exit-with-child"], script);
+    let status = a
+        .process
+        .exit_within(LIMIT)
+        .expect("exits with the command");
+    assert_eq!(status.code(), Some(7), "log:\n{}", a.log());
+    assert_eq!(a.starts().len(), 1);
+    assert!(sandbox.status_json()["leader"].is_null());
+}
+
+#[test]
+fn usage_and_configuration_errors_exit_2_with_one_line() {
+    let sandbox = Sandbox::new();
+    let e = ELECTION;
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["run", "--election", e, "--backend", "nothing", "--", "true"],
+            "no scheme",
+        ),
+        (
+            vec!["run", "--election", e, "--backend", "ftp://x", "--", "true"],
+            "unknown scheme",
+        ),
+        (
+            vec![
+                "run",
+                "--election",
+                e,
+                "--backend",
+                "zk://a:2181",
+                "--",
+                "true",
+            ],
+            "zk",
+        ),
+        (vec!["run", "--election", e, "sleep", "1"], "after `--`"),
+        (vec!["run", "--election", e], "after `--`"),
+        (vec!["run", "--election", e, "--"], "after `--`"),
+        (vec!["run", "--", "true"], "--election"),
+        (
+            vec!["run", "--election", e, "--ttl", "10", "--", "true"],
+            "no unit",
+        ),
+        (
+            vec!["run", "--election", e, "--grace", "soon", "--", "true"],
+            "not a duration",
+        ),
+        (
+            vec!["run", "--election", "/bad", "--", "true"],
+            "invalid election name",
+        ),
+        (
+            vec!["run", "--election", e, "--", "/nonexistent/worker"],
+            "not an executable file",
+        ),
+        (
+            vec!["run", "--election", e, "--", "no-such-command-here"],
+            "not found on PATH",
+        ),
+        (
+            vec!["status", "--election", e, "--backend", "ftp://x"],
+            "unknown scheme",
+        ),
+        (
+            vec!["observe", "--election", e, "--backend", "nothing"],
+            "no scheme",
+        ),
+        (
+            vec!["resign", "--election", "a//b"],
+            "invalid election name",
+        ),
+        (vec!["frobnicate"], "frobnicate"),
+    ];
+    if !cfg!(feature = "etcd") {
+        cases.push((
+            vec![
+                "run",
+                "--election",
+                e,
+                "--backend",
+                "etcd://127.0.0.1:2379",
+                "--",
+                "true",
+            ],
+            "--features etcd",
+        ));
+    }
+    if !cfg!(feature = "consul") {
+        cases.push((
+            vec![
+                "status",
+                "--election",
+                e,
+                "--backend",
+                "consul://127.0.0.1:8500",
+            ],
+            "--features consul",
+        ));
+    }
+    for (args, hint) in cases {
+        let output = sandbox.output(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(hint), "{args:?}: {stderr}");
+    }
+
+    let mut from_env = sandbox.command(&["status", "--election", e]);
+    from_env.env("INCUMBENT_BACKEND", "ftp://x");
+    let output = sandbox.output_of(from_env);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown scheme"));
+}

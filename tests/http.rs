@@ -1,0 +1,397 @@
+//! The health router over real HTTP: `/healthz`, `/readyz`, `/leader` and a `/metrics` scrape,
+//! on the memory backend, in real time. One behaviour per test, named for it.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use incumbent::http::Health;
+use incumbent::memory::{MemoryBackend, Reachability};
+use incumbent::{Campaign, Election, LeadershipEvent, Role, Term};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+const NAME: &str = "jobs/index";
+/// Short enough that faults show within a second, long enough for a loaded test machine.
+const TTL: Duration = Duration::from_millis(900);
+/// How long any wait in these tests may take before the test fails.
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn election(backend: &MemoryBackend, name: &str, id: &str) -> Election<MemoryBackend> {
+    Election::builder(backend.clone(), name)
+        .candidate(id)
+        .metadata("addr", format!("{id}.example:8080"))
+        .ttl(TTL)
+        .backoff(Duration::from_millis(50), Duration::from_millis(300))
+        .grace(Duration::from_millis(200))
+        .build()
+        .expect("valid settings")
+}
+
+/// The next `Elected` term, skipping other events.
+async fn elected(campaign: &mut Campaign) -> Term {
+    timeout(LIMIT, async {
+        loop {
+            match campaign.recv().await {
+                Some(LeadershipEvent::Elected(term)) => return term,
+                Some(_) => {}
+                None => panic!("campaign stopped"),
+            }
+        }
+    })
+    .await
+    .expect("elected in time")
+}
+
+/// Waits until the campaign's role is `role`.
+async fn role(campaign: &Campaign, role: Role) {
+    let mut status = campaign.status();
+    timeout(LIMIT, status.wait_for(|s| s.role == role))
+        .await
+        .expect("role reached in time")
+        .expect("campaign running");
+}
+
+/// A server on a free loopback port, stopped on drop.
+struct Server {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+    client: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Reply {
+    status: u16,
+    json: Value,
+}
+
+impl Server {
+    async fn start(app: axum::Router) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local address");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("serve");
+        });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("http client");
+        Server { addr, task, client }
+    }
+
+    async fn text(&self, path: &str) -> (u16, String) {
+        let response = self
+            .client
+            .get(format!("http://{}{path}", self.addr))
+            .send()
+            .await
+            .expect("request answered");
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    async fn get(&self, path: &str) -> Reply {
+        let (status, body) = self.text(path).await;
+        let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        Reply { status, json }
+    }
+
+    /// Polls `path` until it answers `status`; returns that reply.
+    async fn until(&self, path: &str, status: u16) -> Reply {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let reply = self.get(path).await;
+            if reply.status == status {
+                return reply;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} still answers {} instead of {status}: {}",
+                reply.status,
+                reply.json
+            );
+            sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn readyz_answers_200_on_the_leader_and_503_on_a_follower() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, NAME, "a").campaign();
+    elected(&mut a).await;
+    let b = election(&store.client(), NAME, "b").campaign();
+    role(&b, Role::Follower).await;
+    let leader = Server::start(Health::new().election(a.status()).router()).await;
+    let follower = Server::start(incumbent::http::router([b.status()])).await;
+
+    let ready = leader.get("/readyz").await;
+    assert_eq!(ready.status, 200, "{}", ready.json);
+    assert_eq!(ready.json["ready"], true);
+    assert_eq!(ready.json["elections"][0]["role"], "leader");
+    let not_ready = follower.get("/readyz").await;
+    assert_eq!(not_ready.status, 503, "{}", not_ready.json);
+    assert_eq!(not_ready.json["ready"], false);
+    assert_eq!(not_ready.json["elections"][0]["role"], "follower");
+
+    // Both are healthy: following is a follower's job.
+    assert_eq!(leader.get("/healthz").await.status, 200);
+    assert_eq!(follower.get("/healthz").await.status, 200);
+
+    // Leadership moves, and readiness with it.
+    a.resign().await.expect("resign");
+    follower.until("/readyz", 200).await;
+    leader.until("/readyz", 503).await;
+}
+
+#[tokio::test]
+async fn one_router_serves_several_elections_selected_by_name() {
+    let store = MemoryBackend::new();
+    let mut index = election(&store, "jobs/index", "a").campaign();
+    elected(&mut index).await;
+    let mut other = election(&store.client(), "jobs/mail", "b").campaign();
+    elected(&mut other).await;
+    let mail = election(&store, "jobs/mail", "a").campaign();
+    role(&mail, Role::Follower).await;
+    let server = Server::start(
+        Health::new()
+            .election(index.status())
+            .election(mail.status())
+            .router(),
+    )
+    .await;
+
+    assert_eq!(
+        server.get("/readyz?election=jobs%2Findex").await.status,
+        200
+    );
+    assert_eq!(server.get("/readyz?election=jobs/index").await.status, 200);
+    assert_eq!(server.get("/readyz?election=jobs/mail").await.status, 503);
+    let all = server.get("/readyz").await;
+    assert_eq!(all.status, 503, "not the leader of every election");
+    assert_eq!(all.json["elections"].as_array().map(Vec::len), Some(2));
+
+    let both = server.get("/leader").await;
+    assert_eq!(both.status, 200);
+    assert_eq!(both.json["elections"][0]["election"], "jobs/index");
+    assert_eq!(both.json["elections"][1]["election"], "jobs/mail");
+    assert_eq!(both.json["elections"][1]["leader"]["id"], "b");
+    let one = server.get("/leader?election=jobs/mail").await;
+    assert_eq!(one.json["elections"].as_array().map(Vec::len), Some(1));
+
+    let unknown = server.get("/healthz?election=jobs/nope").await;
+    assert_eq!(unknown.status, 404);
+    let message = unknown.json["error"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("jobs/nope") && message.contains("jobs/mail"),
+        "{message}"
+    );
+    assert_eq!(server.get("/readyz?election=%zz").await.status, 400);
+}
+
+#[tokio::test]
+async fn healthz_answers_503_once_the_store_is_unreachable_past_the_threshold() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, NAME, "a").campaign();
+    elected(&mut a).await;
+    let client = store.client();
+    let b = election(&client, NAME, "b").campaign();
+    role(&b, Role::Follower).await;
+    let strict = Server::start(
+        Health::new()
+            .election(b.status())
+            .unreachable_after(Duration::from_millis(300))
+            .router(),
+    )
+    .await;
+    let patient = Server::start(
+        Health::new()
+            .election(b.status())
+            .unreachable_after(Duration::from_secs(3600))
+            .router(),
+    )
+    .await;
+    assert_eq!(strict.get("/healthz").await.status, 200);
+
+    client.set_reachability(Reachability::Failing);
+    let sick = strict.until("/healthz", 503).await;
+    assert_eq!(sick.json["healthy"], false);
+    let reason = sick.json["elections"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("failing for") && reason.contains("unreachable"),
+        "{reason}"
+    );
+    let problem = patient.get("/leader").await;
+    assert!(
+        problem.json["elections"][0]["problem"]["message"].is_string(),
+        "the problem is reported: {}",
+        problem.json
+    );
+    assert_eq!(
+        patient.get("/healthz").await.status,
+        200,
+        "below its threshold"
+    );
+
+    client.set_reachability(Reachability::Reachable);
+    strict.until("/healthz", 200).await;
+}
+
+#[tokio::test]
+async fn healthz_answers_503_when_the_leader_fenced_itself() {
+    let store = MemoryBackend::new();
+    let client = store.client();
+    let mut a = election(&client, NAME, "a").campaign();
+    elected(&mut a).await;
+    let server = Server::start(
+        Health::new()
+            .election(a.status())
+            .unreachable_after(Duration::from_secs(3600))
+            .router(),
+    )
+    .await;
+    assert_eq!(server.get("/healthz").await.status, 200);
+
+    // Renewals hang: no renewal is confirmed, and the leader fences itself at its deadline.
+    client.set_reachability(Reachability::Hanging);
+    let sick = server.until("/healthz", 503).await;
+    let reason = sick.json["elections"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("renew deadline"), "{reason}");
+    assert_eq!(server.get("/readyz").await.status, 503);
+    let leader = server.get("/leader").await;
+    assert_eq!(
+        leader.json["elections"][0]["last_demotion"],
+        "renew_deadline_exceeded"
+    );
+
+    client.set_reachability(Reachability::Reachable);
+    server.until("/healthz", 200).await;
+    server.until("/readyz", 200).await;
+}
+
+#[tokio::test]
+async fn healthz_answers_503_when_the_campaign_has_stopped() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, NAME, "a").campaign();
+    elected(&mut a).await;
+    let server = Server::start(incumbent::http::router([a.status()])).await;
+    assert_eq!(server.get("/healthz").await.status, 200);
+    a.shutdown().await.expect("shutdown");
+    let stopped = server.get("/healthz").await;
+    assert_eq!(stopped.status, 503);
+    assert_eq!(stopped.json["elections"][0]["role"], "stopped");
+    assert_eq!(
+        stopped.json["elections"][0]["reason"],
+        "the campaign has stopped"
+    );
+}
+
+#[tokio::test]
+async fn leader_json_describes_the_leader_its_term_and_its_lease() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, NAME, "a").campaign();
+    let term = elected(&mut a).await;
+    let b = election(&store.client(), NAME, "b").campaign();
+    role(&b, Role::Follower).await;
+    let leader = Server::start(incumbent::http::router([a.status()])).await;
+    let follower = Server::start(incumbent::http::router([b.status()])).await;
+    let now = unix_ms_now();
+    let near = |v: &Value, slack_ms: u64| {
+        v.as_u64()
+            .is_some_and(|ms| ms + slack_ms >= now && ms <= now + slack_ms)
+    };
+
+    let reply = leader.get("/leader").await;
+    assert_eq!(reply.status, 200);
+    let e = &reply.json["elections"][0];
+    assert_eq!(e["election"], NAME);
+    assert_eq!(e["candidate"]["id"], "a");
+    assert_eq!(e["candidate"]["metadata"]["addr"], "a.example:8080");
+    assert_eq!(e["role"], "leader");
+    assert_eq!(e["is_leader"], true);
+    assert_eq!(e["healthy"], true);
+    assert_eq!(e["leader"]["id"], "a");
+    assert_eq!(e["leader"]["metadata"]["addr"], "a.example:8080");
+    assert_eq!(e["leader"]["fencing_token"], term.fencing_token());
+    assert_eq!(e["term"]["fencing_token"], term.fencing_token());
+    assert!(near(&e["term"]["started_at_unix_ms"], 60_000), "{e}");
+    assert!(near(&e["leader"]["since_unix_ms"], 60_000), "{e}");
+    let since = e["leader"]["since"].as_str().unwrap_or_default();
+    assert!(
+        since.len() == 24 && since.ends_with('Z') && since.as_bytes()[10] == b'T',
+        "RFC 3339 with milliseconds: {since}"
+    );
+    assert!(near(&e["last_renewal_unix_ms"], 5_000), "{e}");
+    assert!(
+        e["renew_deadline_at_unix_ms"].as_u64() > e["last_renewal_unix_ms"].as_u64(),
+        "{e}"
+    );
+    assert!(e["problem"].is_null());
+    assert!(e["last_demotion"].is_null());
+
+    let seen = follower.get("/leader").await;
+    let e = &seen.json["elections"][0];
+    assert_eq!(e["candidate"]["id"], "b");
+    assert_eq!(e["role"], "follower");
+    assert_eq!(e["is_leader"], false);
+    assert_eq!(e["leader"]["id"], "a");
+    assert_eq!(e["leader"]["fencing_token"], term.fencing_token());
+    assert!(e["term"].is_null());
+}
+
+/// The process-wide Prometheus recorder; only one can be installed per process.
+fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .install_recorder()
+            .expect("no other recorder in this test binary")
+    })
+}
+
+#[tokio::test]
+async fn metrics_are_scraped_over_http_after_an_election() {
+    let handle = prometheus().clone();
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "jobs/metrics", "metrics-a").campaign();
+    elected(&mut a).await;
+    let app = Health::new().election(a.status()).router().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(handle.render())),
+    );
+    let server = Server::start(app).await;
+
+    let (status, body) = server.text("/metrics").await;
+    assert_eq!(status, 200);
+    let line = |name: &str| {
+        body.lines()
+            .find(|l| l.starts_with(name) && l.contains("candidate=\"metrics-a\""))
+            .map(str::to_owned)
+    };
+    let is_leader = line("incumbent_is_leader{").unwrap_or_else(|| panic!("{body}"));
+    assert!(is_leader.ends_with(" 1"), "{is_leader}");
+    let won = line("incumbent_elections_won_total{").unwrap_or_else(|| panic!("{body}"));
+    assert!(won.contains("election=\"jobs/metrics\""), "{won}");
+    assert!(won.ends_with(" 1"), "{won}");
+    assert_eq!(server.get("/readyz").await.status, 200);
+}
