@@ -258,6 +258,7 @@ pub(crate) fn spawn<B: Backend>(
         subscribers,
         seen_leader: None,
         failures: 0,
+        quick_losses: 0,
         last_token: None,
         shutdown_waiters: Vec::new(),
         leaderless_since: Instant::now(),
@@ -276,6 +277,10 @@ struct Engine<B: Backend> {
     seen_leader: Option<Option<Leader>>,
     /// Consecutive failures, for the back-off.
     failures: u32,
+    /// Consecutive terms that ended within a ttl of starting, for the cool-down: a worker
+    /// that fails at once, or a store that takes the lock away at once, must not make the
+    /// candidate win and lose in a hot loop.
+    quick_losses: u32,
     /// The token of our last term: a new term must have a greater one.
     last_token: Option<FencingToken>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
@@ -318,6 +323,7 @@ impl<B: Backend> Engine<B> {
             };
             match self.pursue(&current).await {
                 Pursuit::Won(contender, token) => {
+                    let won_at = Instant::now();
                     let (reason, released) = self.lead(&current, contender, token).await;
                     if reason == DemotionReason::Shutdown {
                         session = Some(current);
@@ -337,7 +343,11 @@ impl<B: Backend> Engine<B> {
                     } else {
                         close_in_background(current);
                     }
-                    let delay = self.config.backoff.delay(0);
+                    let delay = self.config.backoff.delay(self.quick_losses);
+                    self.quick_losses = match won_at.elapsed() < self.config.ttl {
+                        true => self.quick_losses.saturating_add(1),
+                        false => 0,
+                    };
                     if self.cool_down(delay).await.is_err() {
                         break;
                     }
@@ -390,7 +400,12 @@ impl<B: Backend> Engine<B> {
                     Some(Interrupt::Shutdown) => return None,
                     _ => continue,
                 },
-                opened = self.backend.open_session(&options) => opened,
+                opened = timeout(self.config.ttl, self.backend.open_session(&options)) => {
+                    opened.unwrap_or_else(|_| Err(Error::Unavailable {
+                        backend: self.backend.info().name,
+                        reason: format!("no answer to opening a session within the ttl ({:?})", self.config.ttl),
+                    }))
+                }
             };
             match opened {
                 Ok(session) => {

@@ -280,6 +280,21 @@ async fn a_store_that_is_down_is_retried_with_back_off_and_the_status_says_why()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_store_that_hangs_is_reported_and_retried() {
+    let store = MemoryBackend::new();
+    let client = store.client();
+    client.set_reachability(Reachability::Hanging);
+    let a = election(&client, "a").campaign();
+    sleep(TTL * 2).await;
+    let status = a.status().borrow().clone();
+    let problem = status.problem.expect("a hanging store is a problem");
+    assert!(problem.message.contains("no answer"), "{}", problem.message);
+    client.set_reachability(Reachability::Reachable);
+    sleep(TTL * 2).await;
+    assert!(a.status().borrow().is_leader());
+}
+
+#[tokio::test(start_paused = true)]
 async fn idle_leaders_and_followers_only_renew() {
     let store = MemoryBackend::new();
     let (ca, cb) = (store.client(), store.client());
@@ -521,10 +536,11 @@ async fn a_worker_that_returns_resigns_and_runs_again_when_re_elected() {
             .await
         }
     });
-    sleep(Duration::from_secs(5)).await;
+    sleep(Duration::from_secs(10)).await;
     let n = runs.load(Ordering::SeqCst);
-    // Back-off of 100 ms (jittered 50..100 ms) between runs: more than a few, far from a hot loop.
-    assert!((3..=110).contains(&n), "{n} runs in 5 s");
+    // Each quick loss doubles the cool-down (100 ms, 200 ms, ... up to 2 s, jittered down to
+    // half): a handful of runs in 10 s, never a hot loop.
+    assert!((4..=14).contains(&n), "{n} runs in 10 s");
     run.abort();
 }
 
