@@ -125,7 +125,6 @@ mod session;
 mod sightings;
 mod watch;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -136,6 +135,7 @@ pub use observer::ConsulObserver;
 pub use session::ConsulSession;
 
 use self::client::{ConsulClient, KvEntry};
+use crate::backend::pool::SessionPool;
 use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
 use crate::config::Backoff;
 use crate::{Error, Result};
@@ -186,10 +186,7 @@ struct Inner {
     /// The lock-delay of sessions whose election sets none; `None`: Consul's default.
     lock_delay: Option<Duration>,
     /// Sessions shared by the elections with equal options.
-    sessions: Mutex<HashMap<SessionOptions, Arc<session::Shared>>>,
-    /// Held while a session is created, so that concurrent elections with equal options share
-    /// one session instead of creating two.
-    creating: tokio::sync::Mutex<()>,
+    sessions: SessionPool<session::Shared>,
     sightings: sightings::Sightings,
 }
 
@@ -260,8 +257,7 @@ impl ConsulBuilder {
                 client,
                 prefix,
                 lock_delay: self.lock_delay,
-                sessions: Mutex::new(HashMap::new()),
-                creating: tokio::sync::Mutex::new(()),
+                sessions: SessionPool::default(),
                 sightings: sightings::Sightings::default(),
             }),
         })
@@ -309,19 +305,13 @@ impl ConsulBackend {
     /// The ids of the Consul sessions this backend keeps alive now (one per distinct session
     /// setting, shared by its elections), for tooling and tests.
     pub fn session_ids(&self) -> Vec<String> {
-        self.sessions()
-            .values()
-            .map(|shared| shared.id.clone())
-            .collect()
+        let sessions = self.inner.sessions.sessions();
+        sessions.iter().map(|shared| shared.id.clone()).collect()
     }
 
     /// The lock-delay Consul applies to a session with these options.
     fn effective_lock_delay(&self, options: &SessionOptions) -> Option<Duration> {
         options.lock_delay.or(self.inner.lock_delay)
-    }
-
-    fn sessions(&self) -> MutexGuard<'_, HashMap<SessionOptions, Arc<session::Shared>>> {
-        lock(&self.inner.sessions)
     }
 
     fn sightings(&self) -> &sightings::Sightings {

@@ -1,8 +1,7 @@
 //! Sessions: one Consul session, renewed once, shared by the elections with equal options.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -13,31 +12,46 @@ use super::contender::ConsulContender;
 use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error, lock};
 use crate::Result;
 use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::pool::{self, Poolable};
 use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
 
-/// A Consul session and its keep-alive, shared by every [`ConsulSession`] with its options.
+/// A Consul session and its keep-alive, shared through the backend's pool by every
+/// [`ConsulSession`] with its options.
 pub(super) struct Shared {
+    backend: ConsulBackend,
     /// The session id (a UUID; not a secret).
     pub id: String,
     /// The lock-delay Consul applies when this session is invalidated.
     pub lock_delay: Duration,
     keepalive: KeepAlive,
-    /// How many session handles use it. Changed only under the backend's session map lock,
-    /// so a session is never handed out while its last user destroys it.
-    users: AtomicUsize,
     /// Which contender of this session may hold each election key: two campaigns for the
     /// same election sharing the session must not both win (Consul lets a session acquire a
     /// key it already holds).
     claims: Mutex<HashMap<String, u64>>,
 }
 
+impl Poolable for Shared {
+    /// A dropped session is destroyed at once rather than left to expire.
+    const DESTROY_ON_DROP: bool = true;
+
+    fn health(&self) -> watch::Receiver<SessionHealth> {
+        Shared::health(self)
+    }
+
+    /// Stops the keep-alive and destroys the session; one that is already gone is fine.
+    async fn destroy(&self) -> Result<()> {
+        self.keepalive.stop();
+        self.backend
+            .client()
+            .session_destroy(&self.id)
+            .await
+            .map_err(error::from_client)
+    }
+}
+
 impl Shared {
     pub fn health(&self) -> watch::Receiver<SessionHealth> {
         self.keepalive.health()
-    }
-
-    fn is_alive(&self) -> bool {
-        self.health().borrow().lost.is_none()
     }
 
     /// Lets `contender` try for `key`, unless another contender of this session holds or
@@ -73,9 +87,7 @@ impl Shared {
 /// session, which releases any lock it still holds (subject to its lock-delay: the campaign
 /// releases its lock first, so a graceful hand-off has none).
 pub struct ConsulSession {
-    backend: ConsulBackend,
-    shared: Arc<Shared>,
-    closed: bool,
+    shared: pool::Shared<Shared>,
 }
 
 impl std::fmt::Debug for ConsulSession {
@@ -91,18 +103,16 @@ pub(super) async fn open(
     backend: &ConsulBackend,
     options: &SessionOptions,
 ) -> Result<ConsulSession> {
-    let _creating = backend.inner.creating.lock().await;
-    {
-        let sessions = backend.sessions();
-        if let Some(shared) = sessions.get(options).filter(|s| s.is_alive()) {
-            shared.users.fetch_add(1, Ordering::Relaxed);
-            return Ok(ConsulSession {
-                backend: backend.clone(),
-                shared: shared.clone(),
-                closed: false,
-            });
-        }
-    }
+    let shared = backend
+        .inner
+        .sessions
+        .join(options, || create(backend, options))
+        .await?;
+    Ok(ConsulSession { shared })
+}
+
+/// Creates a Consul session with the options and starts renewing it.
+async fn create(backend: &ConsulBackend, options: &SessionOptions) -> Result<Shared> {
     let lock_delay = backend.effective_lock_delay(options);
     let params = SessionCreate {
         name: options.name.clone(),
@@ -133,48 +143,15 @@ pub(super) async fn open(
             }
         }
     });
-    let shared = Arc::new(Shared {
+    Ok(Shared {
+        backend: backend.clone(),
         id,
         lock_delay: lock_delay
             .unwrap_or(CONSUL_DEFAULT_LOCK_DELAY)
             .min(MAX_LOCK_DELAY),
         keepalive,
-        users: AtomicUsize::new(1),
         claims: Mutex::new(HashMap::new()),
-    });
-    // Replaces a lost session, if any: its users keep their handle and close it themselves.
-    backend.sessions().insert(options.clone(), shared.clone());
-    Ok(ConsulSession {
-        backend: backend.clone(),
-        shared,
-        closed: false,
     })
-}
-
-impl ConsulSession {
-    /// Ends this handle's use of the session. `true`: it was the last user, so the caller
-    /// stops the keep-alive and destroys the session.
-    fn leave(&mut self) -> bool {
-        if self.closed {
-            return false;
-        }
-        self.closed = true;
-        let mut sessions = self.backend.sessions();
-        if self.shared.users.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return false;
-        }
-        sessions.retain(|_, shared| !Arc::ptr_eq(shared, &self.shared));
-        true
-    }
-}
-
-/// Destroys a session; one that is already gone is fine.
-async fn destroy(backend: &ConsulBackend, id: &str) -> Result<()> {
-    backend
-        .client()
-        .session_destroy(id)
-        .await
-        .map_err(error::from_client)
 }
 
 impl Session for ConsulSession {
@@ -190,36 +167,14 @@ impl Session for ConsulSession {
 
     async fn contend(&self, election: &str, candidate: &Candidate) -> Result<ConsulContender> {
         Ok(ConsulContender::new(
-            self.backend.clone(),
-            self.shared.clone(),
-            self.backend.key(election),
+            self.shared.backend.clone(),
+            self.shared.session(),
+            self.shared.backend.key(election),
             candidate.clone(),
         ))
     }
 
-    async fn close(mut self) -> Result<()> {
-        if !self.leave() {
-            return Ok(());
-        }
-        self.shared.keepalive.stop();
-        destroy(&self.backend, &self.shared.id).await
-    }
-}
-
-impl Drop for ConsulSession {
-    fn drop(&mut self) {
-        if !self.leave() {
-            return;
-        }
-        self.shared.keepalive.stop();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let backend = self.backend.clone();
-            let id = self.shared.id.clone();
-            runtime.spawn(async move {
-                if let Err(error) = destroy(&backend, &id).await {
-                    tracing::debug!(%error, "destroying the session of a dropped handle failed; Consul will expire it");
-                }
-            });
-        }
+    async fn close(self) -> Result<()> {
+        self.shared.close().await
     }
 }

@@ -101,7 +101,6 @@ mod session;
 mod tls;
 mod watch;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -114,6 +113,7 @@ pub use observer::EtcdObserver;
 pub use session::EtcdSession;
 
 use crate::Result;
+use crate::backend::pool::SessionPool;
 use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
 
 const NAME: &str = "etcd";
@@ -142,10 +142,7 @@ struct Inner {
     client: Client,
     settings: Settings,
     /// Leases shared by the sessions with equal options.
-    leases: Mutex<HashMap<SessionOptions, Arc<session::Lease>>>,
-    /// Held while a lease is granted, so that concurrent sessions with equal options share
-    /// one lease instead of granting two.
-    granting: tokio::sync::Mutex<()>,
+    leases: SessionPool<session::Lease>,
 }
 
 /// What the backend keeps of its settings after connecting: no secrets.
@@ -212,8 +209,7 @@ impl EtcdBackend {
             inner: Arc::new(Inner {
                 client,
                 settings,
-                leases: Mutex::new(HashMap::new()),
-                granting: tokio::sync::Mutex::new(()),
+                leases: SessionPool::default(),
             }),
         }
     }
@@ -273,11 +269,8 @@ impl EtcdBackend {
 
     /// The ids of the leases this backend holds open (one per distinct session options).
     pub fn lease_ids(&self) -> Vec<i64> {
-        self.leases().values().map(|lease| lease.id).collect()
-    }
-
-    fn leases(&self) -> MutexGuard<'_, HashMap<SessionOptions, Arc<session::Lease>>> {
-        lock(&self.inner.leases)
+        let leases = self.inner.leases.sessions();
+        leases.iter().map(|lease| lease.id).collect()
     }
 }
 

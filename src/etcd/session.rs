@@ -2,7 +2,6 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,16 +12,16 @@ use tokio::time::Instant;
 use super::contender::EtcdContender;
 use super::{EtcdBackend, NAME, SEPARATOR, error, lock};
 use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::pool::{Poolable, Shared};
 use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
 use crate::{Error, Result};
 
-/// A granted lease and its keep-alive, shared by every [`EtcdSession`] with its options.
+/// A granted lease and its keep-alive, shared through the backend's pool by every
+/// [`EtcdSession`] with its options.
 pub(super) struct Lease {
+    backend: EtcdBackend,
     pub id: i64,
     keepalive: KeepAlive,
-    /// How many session handles use the lease. Changed only under the backend's lease map
-    /// lock, so a lease is never handed out while its last user revokes it.
-    users: AtomicUsize,
     /// The candidate keys claimed by contenders of this lease, so that two campaigns for the
     /// same election sharing the lease still get a key each.
     keys: Mutex<HashSet<String>>,
@@ -32,19 +31,39 @@ impl Lease {
     pub fn health(&self) -> watch::Receiver<SessionHealth> {
         self.keepalive.health()
     }
+}
 
-    fn is_alive(&self) -> bool {
-        self.health().borrow().lost.is_none()
+impl Poolable for Lease {
+    /// A dropped session's lease is revoked at once rather than left to expire.
+    const DESTROY_ON_DROP: bool = true;
+
+    fn health(&self) -> watch::Receiver<SessionHealth> {
+        Lease::health(self)
+    }
+
+    /// Stops the keep-alive and revokes the lease; a lease that is already gone is fine.
+    async fn destroy(&self) -> Result<()> {
+        self.keepalive.stop();
+        let backend = &self.backend;
+        let id = self.id;
+        let mut client = backend.lease_client();
+        match tokio::time::timeout(backend.request_timeout(), client.revoke(id)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if error::is_lease_not_found(&e) => Ok(()),
+            Ok(Err(e)) => Err(error::from_client(e)),
+            Err(_) => Err(error::unavailable(format!(
+                "revoking lease {id:x}: no answer within {:?}; it expires by itself",
+                backend.request_timeout()
+            ))),
+        }
     }
 }
 
 /// A session in etcd: a handle on a lease that may be shared with other elections of the
-/// same [`EtcdBackend`](super::EtcdBackend). Closing (or dropping) the last handle revokes the
-/// lease, which deletes every key bound to it.
+/// same [`EtcdBackend`]. Closing (or dropping) the last handle revokes the lease, which
+/// deletes every key bound to it.
 pub struct EtcdSession {
-    backend: EtcdBackend,
-    lease: Arc<Lease>,
-    closed: bool,
+    lease: Shared<Lease>,
 }
 
 impl std::fmt::Debug for EtcdSession {
@@ -57,18 +76,16 @@ impl std::fmt::Debug for EtcdSession {
 
 /// Opens a session: joins a live lease with equal options, or grants a new one.
 pub(super) async fn open(backend: &EtcdBackend, options: &SessionOptions) -> Result<EtcdSession> {
-    let _granting = backend.inner.granting.lock().await;
-    {
-        let leases = backend.leases();
-        if let Some(lease) = leases.get(options).filter(|lease| lease.is_alive()) {
-            lease.users.fetch_add(1, Ordering::Relaxed);
-            return Ok(EtcdSession {
-                backend: backend.clone(),
-                lease: lease.clone(),
-                closed: false,
-            });
-        }
-    }
+    let lease = backend
+        .inner
+        .leases
+        .join(options, || grant(backend, options))
+        .await?;
+    Ok(EtcdSession { lease })
+}
+
+/// Grants a lease with the options' ttl and starts keeping it alive.
+async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease> {
     let ttl = whole_seconds(options.ttl);
     let sent = Instant::now();
     let granted = error::within(backend.request_timeout(), "granting a lease", async {
@@ -84,18 +101,11 @@ pub(super) async fn open(backend: &EtcdBackend, options: &SessionOptions) -> Res
     let id = granted.id();
     tracing::debug!(lease = %format_args!("{id:x}"), ttl, granted = granted.ttl(), "lease granted");
     let keepalive = KeepAlive::spawn(NAME, options, sent, renewer(backend.lease_client(), id));
-    let lease = Arc::new(Lease {
+    Ok(Lease {
+        backend: backend.clone(),
         id,
         keepalive,
-        users: AtomicUsize::new(1),
         keys: Mutex::new(HashSet::new()),
-    });
-    // Replaces a lost lease, if any: its users keep their handle and close it themselves.
-    backend.leases().insert(options.clone(), lease.clone());
-    Ok(EtcdSession {
-        backend: backend.clone(),
-        lease,
-        closed: false,
     })
 }
 
@@ -153,45 +163,10 @@ fn renewer(
 }
 
 impl EtcdSession {
-    /// Ends this handle's use of the lease. `true`: it was the last user, so the caller stops
-    /// the keep-alive and revokes the lease.
-    fn leave(&mut self) -> bool {
-        if self.closed {
-            return false;
-        }
-        self.closed = true;
-        let mut leases = self.backend.leases();
-        if self.lease.users.fetch_sub(1, Ordering::Relaxed) != 1 {
-            return false;
-        }
-        let ours = leases
-            .iter()
-            .find(|(_, lease)| Arc::ptr_eq(lease, &self.lease))
-            .map(|(options, _)| options.clone());
-        if let Some(options) = ours {
-            leases.remove(&options);
-        }
-        true
-    }
-
     /// The id of the lease behind this session (candidate keys and `etcdctl lease list`
     /// show it in hex).
     pub fn lease_id(&self) -> i64 {
         self.lease.id
-    }
-}
-
-/// Revokes a lease; a lease that is already gone is fine.
-async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
-    let mut client = backend.lease_client();
-    match tokio::time::timeout(backend.request_timeout(), client.revoke(id)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) if error::is_lease_not_found(&e) => Ok(()),
-        Ok(Err(e)) => Err(error::from_client(e)),
-        Err(_) => Err(error::unavailable(format!(
-            "revoking lease {id:x}: no answer within {:?}; it expires by itself",
-            backend.request_timeout()
-        ))),
     }
 }
 
@@ -209,7 +184,8 @@ impl Session for EtcdSession {
     async fn contend(&self, election: &str, candidate: &Candidate) -> Result<EtcdContender> {
         let base = format!(
             "{}{SEPARATOR}{:x}",
-            self.backend
+            self.lease
+                .backend
                 .election_range(election)
                 .trim_end_matches(SEPARATOR),
             self.lease.id
@@ -226,38 +202,16 @@ impl Session for EtcdSession {
             key
         };
         Ok(EtcdContender::new(
-            self.backend.clone(),
-            self.lease.clone(),
+            self.lease.backend.clone(),
+            self.lease.session(),
             election,
             key,
             candidate.clone(),
         ))
     }
 
-    async fn close(mut self) -> Result<()> {
-        if !self.leave() {
-            return Ok(());
-        }
-        self.lease.keepalive.stop();
-        revoke(&self.backend, self.lease.id).await
-    }
-}
-
-impl Drop for EtcdSession {
-    fn drop(&mut self) {
-        if !self.leave() {
-            return;
-        }
-        self.lease.keepalive.stop();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let backend = self.backend.clone();
-            let id = self.lease.id;
-            runtime.spawn(async move {
-                if let Err(error) = revoke(&backend, id).await {
-                    tracing::debug!(%error, "revoking the lease of a dropped session failed");
-                }
-            });
-        }
+    async fn close(self) -> Result<()> {
+        self.lease.close().await
     }
 }
 
