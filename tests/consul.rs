@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use incumbent::consul::client::{ConsulClient, PutOptions, QueryOptions, SessionCreate};
 use incumbent::consul::{ConsulBackend, ConsulConfig};
-use incumbent::{Campaign, DemotionReason, Election, Error, LeadershipEvent, Role, Term};
+use incumbent::{Campaign, DemotionReason, Election, Error, Role};
+use support::events::{demoted, elected};
 use support::net::{free_addr, free_port};
 use support::{ConsulDev, Probe, ServerProcess};
 use tokio::time::{Instant, sleep, timeout};
@@ -45,36 +46,6 @@ fn candidate(url: &str, name: &str, id: &str, lock_delay: Option<Duration>) -> C
 
 fn admin(url: &str) -> ConsulClient {
     ConsulClient::new(ConsulConfig::new(url)).expect("admin client")
-}
-
-/// The next `Elected` term, or a test failure after `limit`.
-async fn elected(campaign: &mut Campaign, limit: Duration) -> Term {
-    timeout(limit, async {
-        loop {
-            match campaign.recv().await {
-                Some(LeadershipEvent::Elected(term)) => return term,
-                Some(_) => {}
-                None => panic!("the campaign stopped"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("not elected within {limit:?}"))
-}
-
-/// The next `Demoted` reason, or a test failure after `limit`.
-async fn demoted(campaign: &mut Campaign, limit: Duration) -> DemotionReason {
-    timeout(limit, async {
-        loop {
-            match campaign.recv().await {
-                Some(LeadershipEvent::Demoted { reason, .. }) => return reason,
-                Some(_) => {}
-                None => panic!("the campaign stopped"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("not demoted within {limit:?}"))
 }
 
 /// Waits until `campaign`'s role satisfies `pred`.

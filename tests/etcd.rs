@@ -12,7 +12,8 @@ use incumbent::backend::{
     Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
 };
 use incumbent::etcd::EtcdBackend;
-use incumbent::{Campaign, DemotionReason, Election, Error, Leader, LeadershipEvent, Role, Term};
+use incumbent::{Campaign, DemotionReason, Election, Error, Leader, LeadershipEvent, Role};
+use support::events::{demoted, elected};
 use support::{EtcdCluster, EtcdServer, Proxy};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -63,38 +64,6 @@ async fn candidates(client: &mut Client, backend: &EtcdBackend, election: &str) 
         .await
         .expect("read the candidates");
     response.take_kvs()
-}
-
-/// The next `Elected`, skipping leader changes.
-async fn elected(campaign: &mut Campaign) -> Term {
-    loop {
-        match timeout(PATIENCE, campaign.recv()).await {
-            Ok(Some(LeadershipEvent::Elected(term))) => return term,
-            Ok(Some(LeadershipEvent::LeaderChanged(_))) => {}
-            Ok(Some(other)) => panic!("expected Elected, got {other:?}"),
-            Ok(None) => panic!("the campaign stopped"),
-            Err(_) => panic!(
-                "not elected within {PATIENCE:?}: {:?}",
-                campaign.status().borrow()
-            ),
-        }
-    }
-}
-
-/// The next `Demoted`, skipping leader changes.
-async fn demoted(campaign: &mut Campaign) -> DemotionReason {
-    loop {
-        match timeout(PATIENCE, campaign.recv()).await {
-            Ok(Some(LeadershipEvent::Demoted { reason, .. })) => return reason,
-            Ok(Some(LeadershipEvent::LeaderChanged(_))) => {}
-            Ok(Some(other)) => panic!("expected Demoted, got {other:?}"),
-            Ok(None) => panic!("the campaign stopped"),
-            Err(_) => panic!(
-                "not demoted within {PATIENCE:?}: {:?}",
-                campaign.status().borrow()
-            ),
-        }
-    }
 }
 
 /// Fails if the campaign is demoted (or stops) within `period`.
@@ -172,7 +141,7 @@ async fn fencing_token_is_the_create_revision_and_grows_on_hand_off() {
     let a_backend = connect(&etcd.endpoints()).await;
     let b_backend = connect(&etcd.endpoints()).await;
     let mut a = election(&a_backend, "fencing", "a", TTL).campaign();
-    let first = elected(&mut a).await;
+    let first = elected(&mut a, PATIENCE).await;
     let keys = candidates(&mut client, &a_backend, "fencing").await;
     assert_eq!(keys.len(), 1);
     assert_eq!(first.fencing_token(), token(&keys[0]));
@@ -180,7 +149,7 @@ async fn fencing_token_is_the_create_revision_and_grows_on_hand_off() {
     let mut b = election(&b_backend, "fencing", "b", TTL).campaign();
     follows(&b).await;
     a.resign().await.expect("resign");
-    let second = elected(&mut b).await;
+    let second = elected(&mut b, PATIENCE).await;
     assert!(
         second.fencing_token() > first.fencing_token(),
         "{} then {}",
@@ -405,8 +374,8 @@ async fn elections_on_one_backend_share_one_lease() {
     let backend = connect(&etcd.endpoints()).await;
     let mut jobs = election(&backend, "shared/jobs", "host-a", TTL).campaign();
     let mut index = election(&backend, "shared/index", "host-a", TTL).campaign();
-    elected(&mut jobs).await;
-    elected(&mut index).await;
+    elected(&mut jobs, PATIENCE).await;
+    elected(&mut index, PATIENCE).await;
 
     let leases = client.leases().await.expect("lease list");
     assert_eq!(leases.leases().len(), 1, "one lease for both elections");
@@ -445,7 +414,7 @@ async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
     let backend = connect(&etcd.endpoints()).await;
     let twin = election(&backend, "twins", "host-a", TTL);
     let mut first = twin.campaign();
-    elected(&mut first).await;
+    elected(&mut first, PATIENCE).await;
     let second = twin.campaign();
     follows(&second).await;
     let keys = candidates(&mut client, &backend, "twins").await;
@@ -461,12 +430,15 @@ async fn lease_revoked_by_an_operator_demotes_with_session_expired() {
     let mut client = operator(&etcd.endpoints()).await;
     let backend = connect(&etcd.endpoints()).await;
     let mut campaign = election(&backend, "revoked", "a", TTL).campaign();
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
     let lease = candidates(&mut client, &backend, "revoked").await[0].lease();
     client.lease_revoke(lease).await.expect("revoke");
-    assert_eq!(demoted(&mut campaign).await, DemotionReason::SessionExpired);
+    assert_eq!(
+        demoted(&mut campaign, PATIENCE).await,
+        DemotionReason::SessionExpired
+    );
     // A new session wins again.
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,13 +447,16 @@ async fn key_deleted_by_an_operator_demotes_with_key_deleted() {
     let mut client = operator(&etcd.endpoints()).await;
     let backend = connect(&etcd.endpoints()).await;
     let mut campaign = election(&backend, "deleted", "a", TTL).campaign();
-    let first = elected(&mut campaign).await;
+    let first = elected(&mut campaign, PATIENCE).await;
     let key = candidates(&mut client, &backend, "deleted").await[0]
         .key()
         .to_vec();
     client.delete(key, None).await.expect("delete");
-    assert_eq!(demoted(&mut campaign).await, DemotionReason::KeyDeleted);
-    let second = elected(&mut campaign).await;
+    assert_eq!(
+        demoted(&mut campaign, PATIENCE).await,
+        DemotionReason::KeyDeleted
+    );
+    let second = elected(&mut campaign, PATIENCE).await;
     assert!(second.fencing_token() > first.fencing_token());
 }
 
@@ -492,7 +467,7 @@ async fn black_holed_leader_fences_itself_before_another_leads() {
     let cut_off = connect(&[format!("http://{}", proxy.addr())]).await;
     let direct = connect(&etcd.endpoints()).await;
     let mut a = election(&cut_off, "black-hole", "a", TTL).campaign();
-    elected(&mut a).await;
+    elected(&mut a, PATIENCE).await;
     let mut b = election(&direct, "black-hole", "b", TTL).campaign();
     follows(&b).await;
 
@@ -500,11 +475,11 @@ async fn black_holed_leader_fences_itself_before_another_leads() {
     let cut = Instant::now();
     let (reason, b_term) = tokio::join!(
         async {
-            let reason = demoted(&mut a).await;
+            let reason = demoted(&mut a, PATIENCE).await;
             (reason, Instant::now())
         },
         async {
-            let term = elected(&mut b).await;
+            let term = elected(&mut b, PATIENCE).await;
             (term, Instant::now())
         }
     );
@@ -529,7 +504,7 @@ async fn keepalive_survives_a_server_pause_shorter_than_the_ttl() {
     let mut etcd = EtcdServer::single().await;
     let backend = connect(&etcd.endpoints()).await;
     let mut campaign = election(&backend, "paused", "a", Duration::from_secs(5)).campaign();
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
     etcd.process().pause();
     sleep(Duration::from_secs(1)).await;
     etcd.process().resume();
@@ -544,7 +519,7 @@ async fn keepalive_recovers_after_a_server_restart() {
     let mut etcd = EtcdServer::single().await;
     let backend = connect(&etcd.endpoints()).await;
     let mut campaign = election(&backend, "restarted", "a", Duration::from_secs(5)).campaign();
-    let term = elected(&mut campaign).await;
+    let term = elected(&mut campaign, PATIENCE).await;
     let started = Instant::now();
     etcd.process().restart().await;
     let restarted = Instant::now();
@@ -569,7 +544,7 @@ async fn leader_survives_losing_one_member_of_three() {
     let mut cluster = EtcdCluster::three().await;
     let backend = connect(&cluster.endpoints()).await;
     let mut campaign = election(&backend, "cluster", "a", Duration::from_secs(5)).campaign();
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
     cluster.member(0).kill9();
     let killed = Instant::now();
     let mut status = campaign.status();
@@ -665,7 +640,7 @@ async fn authenticated_user_campaigns() {
         .await
         .expect("connect");
     let mut campaign = election(&backend, "authenticated", "a", TTL).campaign();
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
     stays_leader(&mut campaign, Duration::from_secs(1)).await;
 }
 
@@ -845,7 +820,7 @@ async fn tls_with_a_client_certificate() {
         .expect("connect over TLS");
     assert!(!format!("{backend:?}").contains("PRIVATE KEY"));
     let mut campaign = election(&backend, "tls", "a", TTL).campaign();
-    elected(&mut campaign).await;
+    elected(&mut campaign, PATIENCE).await;
 
     let insecure = EtcdBackend::connect([endpoint.replace("https://", "http://")]).await;
     assert!(

@@ -1,13 +1,15 @@
 //! The health router over real HTTP: `/healthz`, `/readyz`, `/leader` and a `/metrics` scrape,
 //! on the memory backend, in real time. One behaviour per test, named for it.
 
+mod support;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use support::events::elected;
 
 use incumbent::http::Health;
 use incumbent::memory::{MemoryBackend, Reachability};
-use incumbent::{Campaign, Election, LeadershipEvent, Role, Term};
+use incumbent::{Campaign, Election, Role};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -28,21 +30,6 @@ fn election(backend: &MemoryBackend, name: &str, id: &str) -> Election<MemoryBac
         .grace(Duration::from_millis(200))
         .build()
         .expect("valid settings")
-}
-
-/// The next `Elected` term, skipping other events.
-async fn elected(campaign: &mut Campaign) -> Term {
-    timeout(LIMIT, async {
-        loop {
-            match campaign.recv().await {
-                Some(LeadershipEvent::Elected(term)) => return term,
-                Some(_) => {}
-                None => panic!("campaign stopped"),
-            }
-        }
-    })
-    .await
-    .expect("elected in time")
 }
 
 /// Waits until the campaign's role is `role`.
@@ -135,7 +122,7 @@ fn unix_ms_now() -> u64 {
 async fn readyz_answers_200_on_the_leader_and_503_on_a_follower() {
     let store = MemoryBackend::new();
     let mut a = election(&store, NAME, "a").campaign();
-    elected(&mut a).await;
+    elected(&mut a, LIMIT).await;
     let b = election(&store.client(), NAME, "b").campaign();
     role(&b, Role::Follower).await;
     let leader = Server::start(Health::new().election(a.status()).router()).await;
@@ -164,9 +151,9 @@ async fn readyz_answers_200_on_the_leader_and_503_on_a_follower() {
 async fn one_router_serves_several_elections_selected_by_name() {
     let store = MemoryBackend::new();
     let mut index = election(&store, "jobs/index", "a").campaign();
-    elected(&mut index).await;
+    elected(&mut index, LIMIT).await;
     let mut other = election(&store.client(), "jobs/mail", "b").campaign();
-    elected(&mut other).await;
+    elected(&mut other, LIMIT).await;
     let mail = election(&store, "jobs/mail", "a").campaign();
     role(&mail, Role::Follower).await;
     let server = Server::start(
@@ -209,7 +196,7 @@ async fn one_router_serves_several_elections_selected_by_name() {
 async fn healthz_answers_503_once_the_store_is_unreachable_past_the_threshold() {
     let store = MemoryBackend::new();
     let mut a = election(&store, NAME, "a").campaign();
-    elected(&mut a).await;
+    elected(&mut a, LIMIT).await;
     let client = store.client();
     let b = election(&client, NAME, "b").campaign();
     role(&b, Role::Follower).await;
@@ -260,7 +247,7 @@ async fn healthz_answers_503_when_the_leader_fenced_itself() {
     let store = MemoryBackend::new();
     let client = store.client();
     let mut a = election(&client, NAME, "a").campaign();
-    elected(&mut a).await;
+    elected(&mut a, LIMIT).await;
     let server = Server::start(
         Health::new()
             .election(a.status())
@@ -293,7 +280,7 @@ async fn healthz_answers_503_when_the_leader_fenced_itself() {
 async fn healthz_answers_503_when_the_campaign_has_stopped() {
     let store = MemoryBackend::new();
     let mut a = election(&store, NAME, "a").campaign();
-    elected(&mut a).await;
+    elected(&mut a, LIMIT).await;
     let server = Server::start(incumbent::http::router([a.status()])).await;
     assert_eq!(server.get("/healthz").await.status, 200);
     a.shutdown().await.expect("shutdown");
@@ -310,7 +297,7 @@ async fn healthz_answers_503_when_the_campaign_has_stopped() {
 async fn leader_json_describes_the_leader_its_term_and_its_lease() {
     let store = MemoryBackend::new();
     let mut a = election(&store, NAME, "a").campaign();
-    let term = elected(&mut a).await;
+    let term = elected(&mut a, LIMIT).await;
     let b = election(&store.client(), NAME, "b").campaign();
     role(&b, Role::Follower).await;
     let leader = Server::start(incumbent::http::router([a.status()])).await;
@@ -374,7 +361,7 @@ async fn metrics_are_scraped_over_http_after_an_election() {
     let handle = prometheus().clone();
     let store = MemoryBackend::new();
     let mut a = election(&store, "jobs/metrics", "metrics-a").campaign();
-    elected(&mut a).await;
+    elected(&mut a, LIMIT).await;
     let app = Health::new().election(a.status()).router().route(
         "/metrics",
         axum::routing::get(move || std::future::ready(handle.render())),

@@ -11,6 +11,9 @@ use incumbent::{
 };
 use tokio::time::{Instant, sleep, timeout};
 
+mod support;
+use support::events::{demoted, elected, elected_within};
+
 const TTL: Duration = Duration::from_secs(3);
 const NAME: &str = "jobs/index";
 
@@ -22,49 +25,6 @@ fn election(backend: &MemoryBackend, id: &str) -> Election<MemoryBackend> {
         .grace(Duration::from_secs(1))
         .build()
         .expect("valid settings")
-}
-
-/// The next `Elected` term, skipping other events; fails the test after `limit`.
-async fn elected(campaign: &mut Campaign, limit: Duration) -> Term {
-    timeout(limit, async {
-        loop {
-            match campaign.recv().await {
-                Some(LeadershipEvent::Elected(term)) => return term,
-                Some(_) => {}
-                None => panic!("campaign stopped"),
-            }
-        }
-    })
-    .await
-    .expect("elected in time")
-}
-
-/// The next `Demoted` reason, skipping other events.
-async fn demoted(campaign: &mut Campaign, limit: Duration) -> DemotionReason {
-    timeout(limit, async {
-        loop {
-            match campaign.recv().await {
-                Some(LeadershipEvent::Demoted { reason, .. }) => return reason,
-                Some(_) => {}
-                None => panic!("campaign stopped"),
-            }
-        }
-    })
-    .await
-    .expect("demoted in time")
-}
-
-/// Whether an `Elected` arrives within `limit`.
-async fn elected_within(campaign: &mut Campaign, limit: Duration) -> bool {
-    timeout(limit, async {
-        loop {
-            if let Some(LeadershipEvent::Elected(_)) = campaign.recv().await {
-                return;
-            }
-        }
-    })
-    .await
-    .is_ok()
 }
 
 #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::stores::Store;
+use crate::support::events::{demoted, elected};
 
 const ELECTION: &str = "conformance/leader";
 
@@ -20,39 +21,6 @@ fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
         .grace(Duration::from_secs(2))
         .build()
         .expect("valid settings")
-}
-
-/// The next `Elected` term, or a test failure after `limit`.
-async fn elected(events: &mut mpsc::UnboundedReceiver<LeadershipEvent>, limit: Duration) -> Term {
-    timeout(limit, async {
-        loop {
-            match events.recv().await {
-                Some(LeadershipEvent::Elected(term)) => return term,
-                Some(_) => {}
-                None => panic!("the campaign stopped"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("not elected within {limit:?}"))
-}
-
-/// The next `Demoted` reason, or a test failure after `limit`.
-async fn demoted(
-    events: &mut mpsc::UnboundedReceiver<LeadershipEvent>,
-    limit: Duration,
-) -> DemotionReason {
-    timeout(limit, async {
-        loop {
-            match events.recv().await {
-                Some(LeadershipEvent::Demoted { reason, .. }) => return reason,
-                Some(_) => {}
-                None => panic!("the campaign stopped"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("not demoted within {limit:?}"))
 }
 
 /// A campaign whose events (all of them, from the start) are forwarded to a channel.

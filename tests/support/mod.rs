@@ -4,7 +4,8 @@
 //! up, never installed: a missing one fails the test with a pointer to
 //! `scripts/install-test-deps`. Every server listens on free loopback ports,
 //! keeps its data and log in a temporary directory, and is killed on drop.
-//! A later backend adds one file here with its server type.
+//! A later backend adds one file here with its server type. `events` waits for a
+//! campaign's events the same way in every test.
 
 // Each test file uses only part of this module.
 #![allow(dead_code)]
@@ -12,6 +13,7 @@
 pub mod bin;
 pub mod consul;
 pub mod etcd;
+pub mod events;
 pub mod http;
 pub mod net;
 pub mod process;

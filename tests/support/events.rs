@@ -1,0 +1,96 @@
+//! Waiting for a campaign's events, the same way in every test.
+
+use std::future::Future;
+use std::time::Duration;
+
+use incumbent::{Campaign, DemotionReason, Events, LeadershipEvent, Term};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::time::timeout;
+
+/// Anything that yields one campaign's events, in order.
+pub trait EventSource {
+    /// The next event; `None` once the campaign has stopped.
+    fn next_event(&mut self) -> impl Future<Output = Option<LeadershipEvent>>;
+    /// What to show when a wait times out (the campaign's status, where known).
+    fn context(&self) -> String {
+        String::new()
+    }
+}
+
+impl EventSource for Campaign {
+    async fn next_event(&mut self) -> Option<LeadershipEvent> {
+        self.recv().await
+    }
+
+    fn context(&self) -> String {
+        format!("; status: {:?}", self.status().borrow())
+    }
+}
+
+impl EventSource for Events {
+    async fn next_event(&mut self) -> Option<LeadershipEvent> {
+        self.recv().await
+    }
+}
+
+impl EventSource for UnboundedReceiver<LeadershipEvent> {
+    async fn next_event(&mut self) -> Option<LeadershipEvent> {
+        self.recv().await
+    }
+}
+
+/// The first event that `pick` accepts, skipping others; panics after `limit`, or if the
+/// campaign stops first.
+async fn first<S: EventSource, T>(
+    source: &mut S,
+    limit: Duration,
+    what: &str,
+    pick: impl Fn(LeadershipEvent) -> Option<T>,
+) -> T {
+    let found = timeout(limit, async {
+        loop {
+            match source.next_event().await {
+                Some(event) => {
+                    if let Some(found) = pick(event) {
+                        return found;
+                    }
+                }
+                None => panic!("the campaign stopped before it was {what}"),
+            }
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("not {what} within {limit:?}{}", source.context()))
+}
+
+/// The next `Elected` term.
+pub async fn elected<S: EventSource>(source: &mut S, limit: Duration) -> Term {
+    first(source, limit, "elected", |e| match e {
+        LeadershipEvent::Elected(term) => Some(term),
+        _ => None,
+    })
+    .await
+}
+
+/// The reason of the next `Demoted`.
+pub async fn demoted<S: EventSource>(source: &mut S, limit: Duration) -> DemotionReason {
+    first(source, limit, "demoted", |e| match e {
+        LeadershipEvent::Demoted { reason, .. } => Some(reason),
+        _ => None,
+    })
+    .await
+}
+
+/// Whether an `Elected` arrives within `limit`.
+pub async fn elected_within<S: EventSource>(source: &mut S, limit: Duration) -> bool {
+    timeout(limit, async {
+        while let Some(event) = source.next_event().await {
+            if let LeadershipEvent::Elected(_) = event {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false)
+}
