@@ -424,45 +424,11 @@ struct Time {
 
 impl Time {
     fn new(t: SystemTime) -> Self {
-        let unix_ms = t
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
         Time {
-            text: rfc3339(unix_ms),
-            unix_ms,
+            text: crate::time::rfc3339(t),
+            unix_ms: crate::time::unix_ms(t),
         }
     }
-}
-
-/// `2026-11-22T10:00:00.123Z` for milliseconds since the Unix epoch.
-fn rfc3339(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
-    let of_day = secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60,
-        unix_ms % 1000
-    )
-}
-
-/// The proleptic Gregorian date of a day number counted from 1970-01-01 (H. Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 #[derive(Serialize)]
@@ -620,14 +586,6 @@ impl<'a> LeaderReport<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_in_utc_with_milliseconds() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400_001), "2000-02-29T00:00:00.001Z");
-        assert_eq!(rfc3339(1_795_341_600_123), "2026-11-22T10:00:00.123Z");
-        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
-    }
 
     #[test]
     fn election_parameters_are_decoded() {

@@ -182,6 +182,7 @@ pub mod http;
 pub mod memory;
 pub mod metrics;
 mod term;
+pub mod time;
 pub mod url;
 
 pub use backend::{Candidate, FencingToken, Leader};

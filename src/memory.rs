@@ -36,7 +36,7 @@ use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::pool::{Poolable, SessionPool, Shared};
 use crate::backend::{
     Attempt, Backend, BackendInfo, Candidate, Contender, FencingToken, Leader, LockLoss, Observer,
-    Session, SessionHealth, SessionOptions, Wakeup, unix_ms_now,
+    Session, SessionHealth, SessionOptions, Wakeup, lock, unix_ms_now,
 };
 use crate::{Error, Result};
 
@@ -259,14 +259,6 @@ impl Store {
         state.expire_due(Instant::now());
         state
     }
-}
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical
-/// section here leaves the state consistent at each step.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl State {

@@ -91,10 +91,15 @@ impl Leader {
 
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn unix_ms_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    crate::time::unix_ms(SystemTime::now())
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it: the backends'
+/// critical sections leave their state consistent at each step.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What a backend tells the campaign about itself.

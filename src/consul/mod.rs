@@ -126,7 +126,7 @@ mod sightings;
 mod watch;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use client::ConsulConfig;
@@ -335,14 +335,6 @@ fn leader_of(entry: &KvEntry) -> Leader {
 /// The session holding `entry`'s lock, if it exists and is locked.
 fn holder(entry: Option<&KvEntry>) -> Option<&str> {
     entry.and_then(|e| e.session.as_deref())
-}
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical
-/// section here leaves the state consistent at each step.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Backend for ConsulBackend {

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use super::client::{SessionBehavior, SessionCreate};
 use super::contender::ConsulContender;
-use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error, lock};
+use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error};
 use crate::Result;
 use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::lock;
 use crate::backend::pool::{self, Poolable};
 use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
 

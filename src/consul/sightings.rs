@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{CONSUL_DEFAULT_LOCK_DELAY, LOCK_DELAY_MARGIN, lock};
+use super::{CONSUL_DEFAULT_LOCK_DELAY, LOCK_DELAY_MARGIN};
+use crate::backend::lock;
 
 /// The last holder seen on each key.
 #[derive(Debug, Default)]

@@ -102,7 +102,7 @@ mod tls;
 mod watch;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, KeyValue, KvClient, LeaseClient, SortOrder, SortTarget};
@@ -291,14 +291,6 @@ fn leader_of(kv: &KeyValue) -> Leader {
 /// A revision as a fencing token. Revisions start at 1 and only grow.
 fn token_of(revision: i64) -> u64 {
     u64::try_from(revision).unwrap_or(0)
-}
-
-/// Locks a mutex, recovering the data if a panicking thread poisoned it: every critical
-/// section here leaves the state consistent at each step.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Backend for EtcdBackend {

@@ -10,8 +10,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::contender::EtcdContender;
-use super::{EtcdBackend, NAME, SEPARATOR, error, lock};
+use super::{EtcdBackend, NAME, SEPARATOR, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
+use crate::backend::lock;
 use crate::backend::pool::{Poolable, Shared};
 use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
 use crate::{Error, Result};

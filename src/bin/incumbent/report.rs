@@ -1,7 +1,8 @@
 //! Status lines on stderr, for people (`text`) or machines (`json`), and the times in them.
 
+pub use incumbent::time::rfc3339;
 use std::io::Write;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
 use incumbent::Leader;
@@ -122,37 +123,6 @@ pub fn leader_text(leader: &Leader) -> String {
     }
 }
 
-/// `2026-11-22T10:00:00.123Z`: RFC 3339, UTC, milliseconds.
-pub fn rfc3339(t: SystemTime) -> String {
-    let unix_ms = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
-    let secs = unix_ms / 1000;
-    let of_day = secs % 86_400;
-    let (year, month, day) = civil_from_days(i64::try_from(secs / 86_400).unwrap_or(0));
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60,
-        unix_ms % 1000
-    )
-}
-
-/// The proleptic Gregorian date of a day counted from 1970-01-01 (H. Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
 /// `12ms`, `1.5s`, `2m3s`.
 pub fn human(d: Duration) -> String {
     let ms = d.as_millis();
@@ -172,17 +142,4 @@ pub fn human(d: Duration) -> String {
 /// Milliseconds, for JSON fields.
 pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc_with_milliseconds() {
-        let at = |ms| rfc3339(UNIX_EPOCH + Duration::from_millis(ms));
-        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(at(951_782_400_001), "2000-02-29T00:00:00.001Z");
-        assert_eq!(at(1_795_341_600_123), "2026-11-22T10:00:00.123Z");
-    }
 }
