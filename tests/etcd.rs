@@ -558,6 +558,64 @@ async fn leader_survives_losing_one_member_of_three() {
     stays_leader(&mut campaign, Duration::from_secs(2)).await;
 }
 
+/// The index of the member that is the cluster's Raft leader.
+async fn raft_leader(cluster: &EtcdCluster) -> usize {
+    for index in 0..3 {
+        let Ok(mut client) =
+            Client::connect([format!("http://{}", cluster.client_addr(index))], None).await
+        else {
+            continue;
+        };
+        if let Ok(status) = client.status().await
+            && status
+                .header()
+                .is_some_and(|h| h.member_id() == status.leader())
+        {
+            return index;
+        }
+    }
+    panic!("no member says it is the Raft leader");
+}
+
+#[tokio::test]
+async fn leader_survives_the_clusters_raft_leader_being_killed() {
+    let mut cluster = EtcdCluster::three().await;
+    let backend = connect(&cluster.endpoints()).await;
+    let mut campaign = election(&backend, "cluster", "a", Duration::from_secs(5)).campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    // Every write, renewals included, is committed through the Raft leader: losing it means
+    // an election inside etcd (500 ms here), well within the renew deadline (3.3 s).
+    let index = raft_leader(&cluster).await;
+    cluster.member(index).kill9();
+    let killed = Instant::now();
+    let mut status = campaign.status();
+    timeout(
+        PATIENCE,
+        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= killed)),
+    )
+    .await
+    .expect("renewals go on once the two members elect a new Raft leader")
+    .expect("campaign running");
+    stays_leader(&mut campaign, Duration::from_secs(2)).await;
+    assert!(!term.is_cancelled());
+    // And the election still works: a resign hands off to a follower on the survivors.
+    let survivors: Vec<String> = (0..3)
+        .filter(|i| *i != index)
+        .map(|i| format!("http://{}", cluster.client_addr(i)))
+        .collect();
+    let mut follower = election(
+        &connect(&survivors).await,
+        "cluster",
+        "b",
+        Duration::from_secs(5),
+    )
+    .campaign();
+    follows(&follower).await;
+    campaign.resign().await.expect("resign");
+    let next = elected(&mut follower, PATIENCE).await;
+    assert!(next.fencing_token() > term.fencing_token());
+}
+
 #[tokio::test]
 async fn malformed_endpoints_are_invalid_config() {
     for endpoints in [
