@@ -40,7 +40,6 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,11 +49,13 @@ use incumbent::{Election, LeadershipEvent, Status, Term};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::{sleep, timeout};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[path = "support/cluster.rs"]
+mod cluster;
 
 const INSTANCES: [&str; 4] = ["node-1", "node-2", "node-3", "node-4"];
 /// The index is built in this many chunks...
@@ -655,12 +656,6 @@ impl WithBackend for BackendName {
     }
 }
 
-struct Node {
-    name: &'static str,
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
 /// The leader that was killed: its term, and how far it had got.
 struct Killed {
     name: &'static str,
@@ -678,30 +673,12 @@ async fn demo<C: Checkpoints>(
     store: &C,
 ) -> Result<(), BoxError> {
     let start = Instant::now();
-    let (tx, mut events) = mpsc::unbounded_channel::<(&'static str, Value)>();
-    let mut nodes = Vec::new();
-    for name in INSTANCES {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["candidate", name, election, &url.to_string()])
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(value) = serde_json::from_str(&line) {
-                    let _ = tx.send((name, value));
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        nodes.push(Node { name, child, stdin });
-    }
-    drop(tx);
+    let args = [
+        election.into(),
+        url.to_string().into(),
+        dir.as_os_str().to_owned(),
+    ];
+    let (mut nodes, mut events) = cluster::spawn(&INSTANCES, &args)?;
     println!(
         "{} instances elect on {url}; the checkpoint lives in {location}\n",
         INSTANCES.len()

@@ -13,16 +13,16 @@
 //! parent turns into the timeline. It resigns when it reads `resign` on stdin and shuts down
 //! gracefully when stdin closes.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use incumbent::file::FileBackend;
 use incumbent::{Election, LeadershipEvent, Term};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
+
+#[path = "support/cluster.rs"]
+mod cluster;
 
 const ELECTION: &str = "quickstart";
 const CANDIDATES: [&str; 3] = ["node-1", "node-2", "node-3"];
@@ -106,39 +106,11 @@ enum Phase {
     ThirdTerm,
 }
 
-struct Node {
-    name: &'static str,
-    child: Child,
-    stdin: Option<ChildStdin>,
-}
-
 /// Starts the candidates, then kills the leader, then makes the next one resign.
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile_dir()?;
     let start = Instant::now();
-    let (tx, mut events) = mpsc::unbounded_channel::<(&'static str, Value)>();
-    let mut nodes = Vec::new();
-    for name in CANDIDATES {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["candidate", name, &dir.to_string_lossy()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(value) = serde_json::from_str(&line) {
-                    let _ = tx.send((name, value));
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        nodes.push(Node { name, child, stdin });
-    }
-    drop(tx);
+    let (mut nodes, mut events) = cluster::spawn(&CANDIDATES, &[dir.clone().into()])?;
     println!(
         "three candidates elect through lock files in {}\n",
         dir.display()
