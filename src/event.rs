@@ -159,7 +159,9 @@ pub struct Status {
     pub leader: Option<Leader>,
     /// The current term, while leader.
     pub term: Option<Term>,
-    /// When the last renewal the store confirmed was sent, while a session is open.
+    /// When the last renewal the store confirmed was sent. Kept current while leading
+    /// (where it matters: it sets the renew deadline); otherwise as of when the session
+    /// was opened.
     pub last_renewal: Option<Instant>,
     /// When this candidate's term will be fenced if no renewal is confirmed before, while leader.
     pub renew_deadline_at: Option<Instant>,
