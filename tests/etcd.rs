@@ -159,7 +159,20 @@ async fn fencing_token_is_the_create_revision_and_grows_on_hand_off() {
     let keys = candidates(&mut client, &b_backend, "fencing").await;
     let leader = keys.first().expect("b's key");
     assert_eq!(second.fencing_token(), token(leader));
-    let stored = Leader::from_bytes(leader.value());
+    // The new leader marks its key with the term's token and start just after winning
+    // (off the hand-off's critical path).
+    let stored = timeout(PATIENCE, async {
+        loop {
+            let keys = candidates(&mut client, &b_backend, "fencing").await;
+            let stored = Leader::from_bytes(keys.first().expect("b's key").value());
+            if stored.fencing_token.is_some() {
+                return stored;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the key is marked with the term");
     assert_eq!(stored.candidate.id, "b");
     assert_eq!(stored.fencing_token, Some(second.fencing_token()));
     assert!(

@@ -170,9 +170,12 @@ impl EtcdContender {
         Ok(())
     }
 
-    /// Rewrites our key's value with the start of the term and its token, if the key is still
-    /// the one we won with. `false`: it vanished.
-    async fn mark_term(&mut self, created: i64) -> Result<bool> {
+    /// Rewrites our key's value with the start of the term and its token, in the background,
+    /// if the key is still the one we won with. It is off the hand-off's critical path (one
+    /// etcd commit less before `Won`): observers read the token from the key's create
+    /// revision anyway, and if the key vanished meanwhile the compare fails and the leader's
+    /// watch, which starts before this write, reports the loss.
+    fn mark_term(&mut self, created: i64) {
         self.since = Some(unix_ms_now());
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -186,13 +189,13 @@ impl EtcdContender {
                 Some(self.put_options()),
             )]);
         let mut kv = self.backend.kv();
-        let response = error::within(
-            self.backend.request_timeout(),
-            "marking the start of the term",
-            kv.txn(txn),
-        )
-        .await?;
-        Ok(response.succeeded())
+        let limit = self.backend.request_timeout();
+        tokio::spawn(async move {
+            let marked = error::within(limit, "marking the start of the term", kv.txn(txn)).await;
+            if let Err(error) = marked {
+                tracing::debug!(%error, "could not mark the start of the term in the key's value");
+            }
+        });
     }
 
     /// Why our key is gone: the lease expired or was revoked, or someone deleted the key.
@@ -257,9 +260,8 @@ impl Contender for EtcdContender {
             let first = &queue.candidates[0];
             if first.key() == self.key.as_bytes() {
                 if !self.won {
-                    if !fresh && !self.mark_term(created).await? {
-                        self.forget();
-                        continue;
+                    if !fresh {
+                        self.mark_term(created);
                     }
                     self.won = true;
                     self.waiting = None;
