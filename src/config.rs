@@ -9,8 +9,9 @@ use crate::{Error, Result};
 /// Default session ttl: long enough to ride out a store's leader election or a GC pause,
 /// short enough that a crashed leader is replaced within seconds.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-/// Default renew interval as a fraction of the ttl: three chances to renew before expiry,
-/// as etcd's own keep-alive does.
+/// The usual renew interval as a fraction of the ttl: three chances to renew before expiry,
+/// as etcd's own keep-alive does. Each backend states its own in
+/// [`BackendInfo::renew_divisor`].
 pub const DEFAULT_RENEW_INTERVAL_DIVISOR: u32 = 3;
 /// Default renew deadline as a fraction of the ttl (2/3): a leader that has not confirmed a
 /// renewal for this long fences itself, leaving a third of the ttl as margin for clock rate
@@ -129,7 +130,7 @@ impl Draft {
         let renew_deadline = self.renew_deadline.unwrap_or(ttl * num / den);
         let renew_interval = self
             .renew_interval
-            .unwrap_or(ttl / DEFAULT_RENEW_INTERVAL_DIVISOR);
+            .unwrap_or(ttl / backend.renew_divisor.max(2));
         let max_deadline = ttl - ttl / MIN_DEADLINE_MARGIN_DIVISOR;
         if renew_deadline.is_zero() || renew_deadline > max_deadline {
             return Err(Error::timing(format!(

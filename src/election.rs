@@ -113,7 +113,7 @@ impl<B: Backend> ElectionBuilder<B> {
         self
     }
 
-    /// How often the session is renewed (default: ttl / 3). Must be below the renew deadline.
+    /// How often the session is renewed (default: ttl / 3, or ttl / 2 on Consul, see [`BackendInfo::renew_divisor`](crate::backend::BackendInfo::renew_divisor)). Must be below the renew deadline.
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.draft.renew_interval = Some(interval);
         self

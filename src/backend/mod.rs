@@ -113,6 +113,10 @@ pub struct BackendInfo {
     pub max_ttl: Duration,
     /// How followers learn that the lock may be free.
     pub wakeup: Wakeup,
+    /// The renew interval, as a fraction of the ttl (`ttl / renew_divisor`), when the
+    /// election does not set one: 3 for most stores (three chances before expiry, as etcd's
+    /// own keep-alive); 2 for Consul, whose ttl is only a lower bound.
+    pub renew_divisor: u32,
 }
 
 /// How a backend's [`Contender::wait`] and [`Observer::next`] learn about changes.

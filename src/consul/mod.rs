@@ -347,6 +347,7 @@ impl Backend for ConsulBackend {
             min_ttl: MIN_TTL,
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
+            renew_divisor: 2,
         }
     }
 

@@ -303,6 +303,7 @@ impl Backend for EtcdBackend {
             min_ttl: MIN_TTL,
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
+            renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
         }
     }
 
