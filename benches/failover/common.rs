@@ -1,12 +1,14 @@
 //! Measurements shared by every backend's section.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use incumbent::backend::Backend;
-use incumbent::{Campaign, Election, LeadershipEvent};
+use incumbent::{Campaign, Election, LeadershipEvent, Role};
 use tokio::time::timeout;
 
-const ELECTION: &str = "bench/leader";
+/// The election that hand-off and crash rounds use.
+pub const ELECTION: &str = "bench/leader";
 
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
@@ -25,7 +27,11 @@ pub fn machine() -> String {
 }
 
 fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
-    Election::builder(backend, ELECTION)
+    election_named(backend, ELECTION, id, ttl)
+}
+
+fn election_named<B: Backend>(backend: B, name: &str, id: &str, ttl: Duration) -> Election<B> {
+    Election::builder(backend, name)
         .candidate(id)
         .ttl(ttl)
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
@@ -91,17 +97,88 @@ pub async fn handoff_rounds<B: Backend>(
     samples
 }
 
+/// One crash round.
+#[derive(Clone, Copy, Debug)]
+pub struct Crash {
+    /// From the crash until the follower reports `Elected`.
+    pub failover: Duration,
+    /// From the crash until the store dropped the crashed leader's session, when watched.
+    #[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+    pub invalidated: Option<Duration>,
+}
+
 /// A leader on its own runtime is dropped mid-flight; time until the follower leads.
-pub async fn crash_rounds<B: Backend>(
-    connect: impl Fn() -> B,
+///
+/// See [`crash_rounds_watched`]; this one does not watch the store.
+#[cfg_attr(not(feature = "file"), allow(dead_code))]
+pub async fn crash_rounds<B, F, Fut>(
+    connect: F,
     ttl: Duration,
     rounds: usize,
-) -> Vec<Duration> {
+    limit: Duration,
+) -> Vec<Duration>
+where
+    B: Backend,
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = B>,
+{
+    let no_watch = |_: String| async { None };
+    let phase = Duration::ZERO;
+    let session_of = |_: &B| None;
+    crash_rounds_watched(
+        ELECTION, connect, ttl, rounds, limit, phase, session_of, no_watch,
+    )
+    .await
+    .iter()
+    .map(|c| c.failover)
+    .collect()
+}
+
+/// A leader on its own runtime is dropped mid-flight; time until the follower leads.
+///
+/// The crashing leader connects on its own current-thread runtime, in its own thread, so
+/// that dropping the runtime drops everything it has: the campaign, the keep-alive, and the
+/// connection tasks. Nothing is released or revoked, and the sockets close, as when the
+/// process is killed with SIGKILL. The follower then waits `limit` at most.
+///
+/// The crash comes 100 ms after the follower started waiting, plus a random part of `phase`:
+/// pass the renew interval so that the crash falls anywhere between two renewals, as a real
+/// one would, rather than always just after the session was created.
+///
+/// `session_of` names the leader's session in the store (read once it leads), and `watch`
+/// resolves when the store drops that session (started just before the crash), to split the
+/// failover into the store's part and the follower's. Series on different `election`s may run
+/// at the same time.
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(
+    not(any(feature = "file", feature = "etcd", feature = "consul")),
+    allow(dead_code)
+)]
+pub async fn crash_rounds_watched<B, F, Fut, S, W, WFut>(
+    election: &str,
+    connect: F,
+    ttl: Duration,
+    rounds: usize,
+    limit: Duration,
+    phase: Duration,
+    session_of: S,
+    watch: W,
+) -> Vec<Crash>
+where
+    B: Backend,
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = B>,
+    S: Fn(&B) -> Option<String> + Clone + Send + 'static,
+    W: Fn(String) -> WFut,
+    WFut: Future<Output = Option<Instant>> + Send + 'static,
+{
     let mut samples = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let backend = connect();
-        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let (ready_tx, ready) = tokio::sync::oneshot::channel::<Option<String>>();
         let (crash_tx, crash) = std::sync::mpsc::channel::<()>();
+        let leader_connect = connect.clone();
+        let leader_session = session_of.clone();
+        let name = election.to_owned();
         let leader = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -113,29 +190,104 @@ pub async fn crash_rounds<B: Backend>(
                 let _ = stop_tx.send(());
             });
             runtime.block_on(async move {
-                let mut c = election(backend, &format!("crasher-{round}"), ttl).campaign();
-                next_elected(&mut c, ttl * 5).await;
-                let _ = ready_tx.send(());
+                let backend = leader_connect().await;
+                let id = format!("crasher-{round}");
+                let mut c = election_named(backend.clone(), &name, &id, ttl).campaign();
+                if next_elected(&mut c, ttl * 5).await.is_some() {
+                    let _ = ready_tx.send(leader_session(&backend));
+                } else {
+                    drop(ready_tx);
+                }
                 let _ = stop.await;
+                // No shutdown, no release: the runtime is dropped with everything in it.
                 std::mem::forget(c);
             });
+            drop(runtime);
         });
-        ready.recv().expect("the leader was elected");
-        let mut follower = election(connect(), "follower", ttl).campaign();
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let Ok(session) = ready.await else {
+            println!("  round {round}: the leader-to-crash was not elected");
+            drop(crash_tx);
+            let _ = leader.join();
+            continue;
+        };
+        let mut follower = election_named(connect().await, election, "follower", ttl).campaign();
+        // Crash only once the follower waits for the lock (and has seen the leader).
+        let mut status = follower.status();
+        let _ = timeout(limit, status.wait_for(|s| s.role == Role::Follower)).await;
+        let watcher = session.map(|id| tokio::spawn(watch(id)));
+        let phase = phase.mul_f64(fastrand::f64());
+        tokio::time::sleep(Duration::from_millis(100) + phase).await;
         let start = Instant::now();
         drop(crash_tx);
-        leader.join().expect("the crashed leader's thread");
-        if next_elected(&mut follower, ttl * 3).await.is_some() {
-            samples.push(start.elapsed());
+        let _ = tokio::task::spawn_blocking(move || leader.join()).await;
+        let elected = next_elected(&mut follower, limit).await;
+        let failover = start.elapsed();
+        let invalidated = match watcher {
+            Some(mut w) => match timeout(Duration::from_secs(5), &mut w).await {
+                Ok(Ok(at)) => at.map(|at| at.saturating_duration_since(start)),
+                _ => {
+                    w.abort();
+                    None
+                }
+            },
+            None => None,
+        };
+        if elected.is_some() {
+            samples.push(Crash {
+                failover,
+                invalidated,
+            });
+        } else {
+            println!("  round {round}: no new leader within {limit:?}");
         }
         let _ = follower.shutdown().await;
     }
     samples
 }
 
+/// Prints the failover times of crash rounds and, when the store was watched, their split:
+/// crash to the store dropping the session, and from there to the new leader.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+pub fn print_crashes(what: &str, crashes: &[Crash], target: &str, store_part: &str) {
+    let failover: Vec<Duration> = crashes.iter().map(|c| c.failover).collect();
+    print_latencies_against(what, &failover, target);
+    let watched: Vec<(Duration, Duration)> = crashes
+        .iter()
+        .filter_map(|c| c.invalidated.map(|i| (i, c.failover.saturating_sub(i))))
+        .collect();
+    if watched.is_empty() {
+        return;
+    }
+    for (round, (invalidated, after)) in watched.iter().enumerate() {
+        println!(
+            "  round {}: {store_part} after {:.3} s, new leader {:.3} ms later",
+            round + 1,
+            invalidated.as_secs_f64(),
+            after.as_secs_f64() * 1e3
+        );
+    }
+    let split = |pick: fn(&(Duration, Duration)) -> Duration| -> Vec<Duration> {
+        watched.iter().map(pick).collect()
+    };
+    print_latencies(&format!("  crash -> {store_part}"), &split(|w| w.0));
+    print_latencies(&format!("  {store_part} -> new leader"), &split(|w| w.1));
+}
+
 /// `count` elections in one process: time to lead them all, and resident memory per election.
-pub async fn elections_at_scale<B: Backend>(name: &str, count: usize, connect: impl Fn() -> B) {
+/// `detail` is called while all are held, and its answer printed (e.g. how many leases).
+pub async fn elections_at_scale<B: Backend>(
+    name: &str,
+    count: usize,
+    connect: impl Fn() -> B,
+    target: &str,
+    detail: impl Fn() -> String,
+) {
+    // Give back what earlier sections freed, so that it is not reused unseen.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let before = rss_bytes();
     let start = Instant::now();
     let mut campaigns = Vec::with_capacity(count);
@@ -147,21 +299,61 @@ pub async fn elections_at_scale<B: Backend>(name: &str, count: usize, connect: i
             .expect("valid settings");
         campaigns.push(e.campaign());
     }
+    let mut led = 0;
     for c in &mut campaigns {
-        next_elected(c, Duration::from_secs(60)).await;
+        if next_elected(c, Duration::from_secs(60)).await.is_some() {
+            led += 1;
+        }
     }
     let took = start.elapsed();
     let after = rss_bytes();
     let per = after.saturating_sub(before) / count as u64;
+    let detail = detail();
+    let detail = if detail.is_empty() {
+        String::new()
+    } else {
+        format!("; {detail}")
+    };
     println!(
-        "{count} elections on {name}: all led in {:.2} s; extra RSS {:.1} MiB, {:.1} KB per election",
+        "{count} elections on {name}: {led} led in {:.2} s; extra RSS {:.1} MiB, {:.1} KB per election{detail}{}",
         took.as_secs_f64(),
         after.saturating_sub(before) as f64 / 1048576.0,
-        per as f64 / 1000.0
+        per as f64 / 1000.0,
+        bracket(target)
     );
-    for c in campaigns {
-        drop(c);
+    stop_all(campaigns).await;
+}
+
+/// Shuts campaigns down, all at once.
+pub async fn stop_all(campaigns: Vec<Campaign>) {
+    futures_util::future::join_all(campaigns.into_iter().map(|c| c.shutdown())).await;
+}
+
+/// Candidates of one election, one per `(backend, candidate id)`, all started at once; returns
+/// once one leads and all others follow, and a second has passed for things to settle.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+pub async fn idle_election<B: Backend>(members: Vec<(B, String)>, ttl: Duration) -> Vec<Campaign> {
+    let count = members.len();
+    let campaigns: Vec<Campaign> = members
+        .into_iter()
+        .map(|(backend, id)| election(backend, &id, ttl).campaign())
+        .collect();
+    let deadline = Instant::now() + ttl * 5;
+    loop {
+        let roles: Vec<Role> = campaigns.iter().map(|c| c.status().borrow().role).collect();
+        let leaders = roles.iter().filter(|r| **r == Role::Leader).count();
+        let followers = roles.iter().filter(|r| **r == Role::Follower).count();
+        if leaders == 1 && followers + 1 == count {
+            break;
+        }
+        if Instant::now() > deadline {
+            println!("  not settled: {leaders} leader(s), {followers} follower(s) of {count}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    campaigns
 }
 
 /// One leader and nine followers sit idle: CPU used by this process per second.
@@ -201,21 +393,41 @@ async fn next_elected_any(campaigns: &mut [Campaign], limit: Duration) {
 }
 
 pub fn print_latencies(what: &str, samples: &[Duration]) {
+    print_latencies_against(what, samples, "");
+}
+
+/// Like [`print_latencies`], with the target in brackets after the figures.
+pub fn print_latencies_against(what: &str, samples: &[Duration], target: &str) {
     if samples.is_empty() {
-        println!("{what}: no samples");
+        println!("{what}: no samples{}", bracket(target));
         return;
     }
     let mut sorted = samples.to_vec();
     sorted.sort();
     let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
     println!(
-        "{what}: median {:.3} ms, p99 {:.3} ms, min {:.3} ms, max {:.3} ms ({} rounds)",
+        "{what}: median {:.3} ms, p99 {:.3} ms, min {:.3} ms, max {:.3} ms ({} rounds){}",
         at(0.5).as_secs_f64() * 1e3,
         at(0.99).as_secs_f64() * 1e3,
         sorted[0].as_secs_f64() * 1e3,
         sorted[sorted.len() - 1].as_secs_f64() * 1e3,
-        sorted.len()
+        sorted.len(),
+        bracket(target)
     );
+}
+
+/// ` [target: …]`, or nothing.
+pub fn bracket(target: &str) -> String {
+    if target.is_empty() {
+        String::new()
+    } else {
+        format!(" [target: {target}]")
+    }
+}
+
+/// Prints how long a section took.
+pub fn took(what: &str, since: Instant) {
+    println!("({what} took {:.0} s)", since.elapsed().as_secs_f64());
 }
 
 /// This process's resident set size.

@@ -3,17 +3,24 @@
 //! ```text
 //! cargo bench --bench failover --all-features            # every backend
 //! cargo bench --bench failover -- memory file            # only these sections
+//! cargo bench --bench failover --all-features -- etcd consul
 //! ```
 //!
 //! Each section prints medians and p99s over many rounds, measured in this one run, so the
-//! figures can be compared with each other; these machines are shared and noisy.
+//! figures can be compared with each other; these machines are shared and noisy. Targets are
+//! printed in brackets beside the figures, never asserted. The etcd and Consul sections start
+//! their own servers on loopback (see tests/support); BENCHMARKS.md explains each figure.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
 mod common;
+#[cfg(feature = "consul")]
+mod consul;
+#[cfg(feature = "etcd")]
+mod etcd;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use incumbent::memory::MemoryBackend;
 
@@ -25,13 +32,32 @@ async fn main() {
         .collect();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     println!("machine: {}", common::machine());
+    let run = Instant::now();
     if wanted("memory") {
+        let section = Instant::now();
         memory().await;
+        common::took("memory", section);
     }
     #[cfg(all(feature = "file", unix))]
     if wanted("file") {
+        let section = Instant::now();
         file().await;
+        common::took("file", section);
     }
+    #[cfg(feature = "etcd")]
+    if wanted("etcd") {
+        let section = Instant::now();
+        etcd::run().await;
+        common::took("etcd", section);
+    }
+    #[cfg(feature = "consul")]
+    if wanted("consul") {
+        let section = Instant::now();
+        consul::run().await;
+        common::took("consul", section);
+    }
+    println!();
+    common::took("the whole run", run);
 }
 
 async fn memory() {
@@ -40,7 +66,7 @@ async fn memory() {
     let ttl = Duration::from_secs(3);
     let handoff = common::handoff_rounds(|| store.client(), ttl, 200).await;
     common::print_latencies("hand-off after resign", &handoff);
-    common::elections_at_scale("memory", 10_000, || store.clone()).await;
+    common::elections_at_scale("memory", 10_000, || store.clone(), "", String::new).await;
     common::idle_cpu("memory", || store.client(), ttl, Duration::from_secs(5)).await;
 }
 
@@ -53,7 +79,12 @@ async fn file() {
     let backend = || FileBackend::in_dir(dir.path());
     let handoff = common::handoff_rounds(backend, ttl, 200).await;
     common::print_latencies("hand-off after resign", &handoff);
-    let crash = common::crash_rounds(backend, ttl, 30).await;
+    let path = dir.path().to_owned();
+    let connect = move || {
+        let path = path.clone();
+        async move { FileBackend::in_dir(path) }
+    };
+    let crash = common::crash_rounds(connect, ttl, 30, ttl * 3).await;
     common::print_latencies("failover after a crash (fd closed, as on kill -9)", &crash);
     common::idle_cpu("file", backend, ttl, Duration::from_secs(5)).await;
 }
