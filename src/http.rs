@@ -91,6 +91,7 @@
 //! `{"healthy": bool, "elections": [{"election", "role", "healthy", "reason"?}]}` and
 //! `{"ready": bool, "elections": [{"election", "role", "ready"}]}`.
 
+use crate::time::human;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -376,20 +377,6 @@ fn decode(text: &str) -> Option<String> {
         }
     }
     String::from_utf8(bytes).ok()
-}
-
-/// "1.5s", "250ms", "2m3s": a duration for people.
-fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1_000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
-        format!("{:.1}s", d.as_secs_f64())
-    } else if ms < 60_000 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}m{}s", d.as_secs() / 60, d.as_secs() % 60)
-    }
 }
 
 /// Both clocks, read once per request, to turn monotonic instants into wall-clock times.

@@ -1,6 +1,6 @@
 //! Wall-clock times as the health endpoint and the command-line tool print them.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch (0 for times before it).
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -30,6 +30,27 @@ pub fn rfc3339(t: SystemTime) -> String {
     )
 }
 
+/// A duration for people: `12ms`, `1.5s`, `2m3s`, `4h5m`.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(incumbent::time::human(Duration::from_millis(1500)), "1.5s");
+/// ```
+pub fn human(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1_000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else if ms < 60_000 {
+        format!("{}s", d.as_secs())
+    } else if ms < 3_600_000 {
+        format!("{}m{}s", d.as_secs() / 60, d.as_secs() % 60)
+    } else {
+        format!("{}h{}m", d.as_secs() / 3600, d.as_secs() % 3600 / 60)
+    }
+}
+
 /// The proleptic Gregorian date of a day counted from 1970-01-01 (H. Hinnant's
 /// `civil_from_days`).
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
@@ -47,7 +68,6 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn timestamps_are_rfc3339_in_utc_with_milliseconds() {
@@ -56,5 +76,15 @@ mod tests {
         assert_eq!(at(951_782_400_001), "2000-02-29T00:00:00.001Z");
         assert_eq!(at(1_795_341_600_123), "2026-11-22T10:00:00.123Z");
         assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        let ms = Duration::from_millis;
+        assert_eq!(human(ms(12)), "12ms");
+        assert_eq!(human(ms(1500)), "1.5s");
+        assert_eq!(human(ms(30_000)), "30s");
+        assert_eq!(human(ms(123_000)), "2m3s");
+        assert_eq!(human(ms(14_700_000)), "4h5m");
     }
 }

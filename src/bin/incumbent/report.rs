@@ -1,6 +1,6 @@
 //! Status lines on stderr, for people (`text`) or machines (`json`), and the times in them.
 
-pub use incumbent::time::rfc3339;
+pub use incumbent::time::{human, rfc3339};
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
@@ -120,22 +120,6 @@ pub fn leader_text(leader: &Leader) -> String {
     match leader.fencing_token {
         Some(token) => format!("{} (fencing token {token})", leader.candidate.id),
         None => leader.candidate.id.clone(),
-    }
-}
-
-/// `12ms`, `1.5s`, `2m3s`.
-pub fn human(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1_000 {
-        format!("{ms}ms")
-    } else if ms < 60_000 && !ms.is_multiple_of(1000) {
-        format!("{:.1}s", d.as_secs_f64())
-    } else if ms < 60_000 {
-        format!("{}s", d.as_secs())
-    } else if ms < 3_600_000 {
-        format!("{}m{}s", d.as_secs() / 60, d.as_secs() % 60)
-    } else {
-        format!("{}h{}m", d.as_secs() / 3600, d.as_secs() % 3600 / 60)
     }
 }
 
