@@ -207,7 +207,7 @@ async fn idle(url: &str, addr: SocketAddr) {
     };
     let renew = ttl / 3;
     println!(
-        "idle, 1 leader + 9 followers, {IDLE_CANDIDATES} clients (one per process), ttl {ttl:?}, renew every {renew:.3?} (ttl/3, the default): \
+        "idle, 1 leader + 9 followers, {IDLE_CANDIDATES} clients (one per process), ttl {ttl:?}, renew every {renew:.3?} (ttl/2, the Consul default): \
          {:.2} HTTP requests/s to the agent, {per_process:.3}/s per process ({routes} completed in the agent's {METRICS_INTERVAL} s interval at{label}UTC); \
          this process {:.2} ms CPU/s{}",
         total as f64 / secs,
