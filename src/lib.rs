@@ -166,7 +166,6 @@
 //! [`mod@metrics`].
 #![deny(missing_docs)]
 
-
 pub mod backend;
 mod campaign;
 pub mod config;
