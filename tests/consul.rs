@@ -14,8 +14,8 @@ use incumbent::consul::client::{ConsulClient, PutOptions, QueryOptions, SessionC
 use incumbent::consul::{ConsulBackend, ConsulConfig};
 use incumbent::{Campaign, DemotionReason, Election, Error, Role};
 use support::events::{demoted, elected};
-use support::net::{free_addr, free_port};
-use support::{ConsulDev, Probe, ServerProcess};
+use support::net::free_addr;
+use support::{ConsulDev, ServerProcess};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Consul's smallest session ttl.
@@ -113,34 +113,8 @@ impl LoggedAgent {
             .prefix("incumbent-consul-")
             .tempdir()
             .expect("temp dir");
-        let http = free_addr();
-        let mut args: Vec<String> = vec![
-            "agent".into(),
-            "-dev".into(),
-            format!("-node={name}"),
-            "-bind=127.0.0.1".into(),
-            "-client=127.0.0.1".into(),
-            format!("-http-port={}", http.port()),
-            format!("-data-dir={}", dir.path().join("data").display()),
-        ];
-        for flag in [
-            "-dns-port",
-            "-serf-lan-port",
-            "-serf-wan-port",
-            "-server-port",
-            "-grpc-port",
-        ] {
-            args.push(format!("{flag}={}", free_port()));
-        }
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let probe = Probe::Http {
-            addr: http,
-            path: "/v1/status/leader",
-            check: |body| serde_json::from_str::<String>(body).is_ok_and(|l| !l.is_empty()),
-        };
-        let consul = support::bin::find_binary("consul");
-        let mut process = ServerProcess::spawn(name, consul, args, dir.path(), probe);
-        process.wait_ready().await;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (process, http) = support::consul::spawn_dev(name, dir.path(), &extra).await;
         LoggedAgent {
             _process: process,
             http,

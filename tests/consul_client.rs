@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use incumbent::consul::client::{
     SessionCreate,
 };
 use support::net::{free_addr, free_port};
-use support::{ConsulDev, Probe, ServerProcess};
+use support::{ConsulDev, ServerProcess};
 
 fn client(consul: &ConsulDev) -> ConsulClient {
     ConsulClient::new(ConsulConfig::new(consul.http_url())).expect("build client")
@@ -646,45 +645,12 @@ async fn paused_agent_times_out_as_unreachable() {
         .expect("answers again after resume");
 }
 
-/// A dev agent on free loopback ports with `extra` arguments, its HTTP API
-/// on plain HTTP. Returns the process (killed on drop) and the HTTP address.
-async fn start_agent(name: &str, dir: &Path, extra: &[String]) -> (ServerProcess, SocketAddr) {
-    let consul = support::bin::find_binary("consul");
-    let http = free_addr();
-    let mut args: Vec<String> = vec![
-        "agent".into(),
-        "-dev".into(),
-        format!("-node={name}"),
-        "-bind=127.0.0.1".into(),
-        "-client=127.0.0.1".into(),
-        format!("-http-port={}", http.port()),
-        format!("-data-dir={}", dir.join("data").display()),
-    ];
-    for flag in [
-        "-dns-port",
-        "-serf-lan-port",
-        "-serf-wan-port",
-        "-server-port",
-        "-grpc-port",
-    ] {
-        args.push(format!("{flag}={}", free_port()));
-    }
-    args.extend_from_slice(extra);
-    let probe = Probe::Http {
-        addr: http,
-        path: "/v1/status/leader",
-        check: |body| serde_json::from_str::<String>(body).is_ok_and(|leader| !leader.is_empty()),
-    };
-    let mut process = ServerProcess::spawn(name, consul, args, dir, probe);
-    process.wait_ready().await;
-    (process, http)
-}
-
 /// A dev agent with ACLs on (default deny) and the master token `root-secret`.
 async fn start_acl_agent() -> (ServerProcess, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let hcl = r#"acl { enabled = true default_policy = "deny" tokens { master = "root-secret" } }"#;
-    let (process, http) = start_agent("consul-acl", dir.path(), &["-hcl".into(), hcl.into()]).await;
+    let (process, http) =
+        support::consul::spawn_dev("consul-acl", dir.path(), &["-hcl".into(), hcl.into()]).await;
     (process, format!("http://{http}"), dir)
 }
 
@@ -717,7 +683,8 @@ async fn https_with_ca_and_client_certificate() {
         cert = d.join("dc1-server-consul-0.pem").display(),
         key = d.join("dc1-server-consul-0-key.pem").display(),
     );
-    let (_process, _http) = start_agent("consul-tls", d, &["-hcl".into(), hcl]).await;
+    let (_process, _http) =
+        support::consul::spawn_dev("consul-tls", d, &["-hcl".into(), hcl]).await;
     let read = |name: &str| std::fs::read(d.join(name)).expect("read PEM");
     let url = format!("https://127.0.0.1:{https_port}");
 

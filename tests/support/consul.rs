@@ -1,6 +1,7 @@
 //! A Consul agent in `-dev` mode (one in-memory server) on loopback.
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use tempfile::TempDir;
 
@@ -19,40 +20,11 @@ pub struct ConsulDev {
 impl ConsulDev {
     /// Starts the agent and waits until it has elected itself leader.
     pub async fn start() -> Self {
-        let consul = find_binary("consul");
         let dir = tempfile::Builder::new()
             .prefix("incumbent-consul-")
             .tempdir()
             .expect("create consul temp dir");
-        let http = free_addr();
-        let mut args: Vec<String> = [
-            "agent",
-            "-dev",
-            "-node=incumbent-test",
-            "-bind=127.0.0.1",
-            "-client=127.0.0.1",
-        ]
-        .map(String::from)
-        .into();
-        args.push(format!("-http-port={}", http.port()));
-        for flag in [
-            "-dns-port",
-            "-serf-lan-port",
-            "-serf-wan-port",
-            "-server-port",
-            "-grpc-port",
-        ] {
-            args.push(format!("{flag}={}", free_port()));
-        }
-        // Dev mode keeps its state in memory; the directory holds the node id.
-        args.push(format!("-data-dir={}", dir.path().join("data").display()));
-        let probe = Probe::Http {
-            addr: http,
-            path: "/v1/status/leader",
-            check: has_leader,
-        };
-        let mut process = ServerProcess::spawn("consul", consul, args, dir.path(), probe);
-        process.wait_ready().await;
+        let (process, http) = spawn_dev("consul", dir.path(), &[]).await;
         ConsulDev {
             process,
             http,
@@ -80,4 +52,40 @@ impl ConsulDev {
 /// Whether a `/v1/status/leader` body names a leader (`""` means none yet).
 fn has_leader(body: &str) -> bool {
     serde_json::from_str::<String>(body).is_ok_and(|leader| !leader.is_empty())
+}
+
+/// Starts `consul agent -dev` named `name` with every port on a free loopback port, its log
+/// and data in `dir`, and `extra` arguments (ACL or TLS settings, say); waits until it has
+/// elected itself leader. Returns the process (killed on drop) and its HTTP address.
+pub async fn spawn_dev(name: &str, dir: &Path, extra: &[String]) -> (ServerProcess, SocketAddr) {
+    let consul = find_binary("consul");
+    let http = free_addr();
+    let mut args: Vec<String> = vec![
+        "agent".into(),
+        "-dev".into(),
+        format!("-node={name}"),
+        "-bind=127.0.0.1".into(),
+        "-client=127.0.0.1".into(),
+        format!("-http-port={}", http.port()),
+        // Dev mode keeps its state in memory; the directory holds the node id.
+        format!("-data-dir={}", dir.join("data").display()),
+    ];
+    for flag in [
+        "-dns-port",
+        "-serf-lan-port",
+        "-serf-wan-port",
+        "-server-port",
+        "-grpc-port",
+    ] {
+        args.push(format!("{flag}={}", free_port()));
+    }
+    args.extend_from_slice(extra);
+    let probe = Probe::Http {
+        addr: http,
+        path: "/v1/status/leader",
+        check: has_leader,
+    };
+    let mut process = ServerProcess::spawn(name, consul, args, dir, probe);
+    process.wait_ready().await;
+    (process, http)
 }
