@@ -316,7 +316,8 @@ async fn wait_survives_a_compacted_start_revision() {
     let (_a_session, mut a, _) = queued(&etcd, "compacted", "a").await;
     let (_b_session, mut b, held) = queued(&etcd, "compacted", "b").await;
     assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
-    // Compact past the revision b's watch starts from.
+    // Move the store on and compact past b's read: a watch from just after that read would
+    // be refused; b's starts from "now", sees the gap, and reads again.
     for n in 0..5 {
         client.put("noise", n.to_string(), None).await.expect("put");
     }
@@ -418,6 +419,103 @@ async fn elections_on_one_backend_share_one_lease() {
             .is_empty(),
         "the last session's close revokes the lease"
     );
+}
+
+/// etcd's own count of watch streams and watchers, from its `/metrics`.
+#[derive(Debug, PartialEq)]
+struct Watches {
+    streams: u64,
+    watchers: u64,
+}
+
+async fn watches(etcd: &EtcdServer) -> Watches {
+    let body = support::http::get(etcd.client_addr(), "/metrics")
+        .await
+        .expect("etcd's /metrics")
+        .body;
+    let gauge = |name: &str| -> u64 {
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("etcd's /metrics has no {name}")) as u64
+    };
+    Watches {
+        streams: gauge("etcd_debugging_mvcc_watch_stream_total"),
+        watchers: gauge("etcd_debugging_mvcc_watcher_total"),
+    }
+}
+
+/// Waits until etcd counts `expected` watch streams and watchers.
+async fn wait_for_watches(etcd: &EtcdServer, expected: Watches, why: &str) {
+    let until = Instant::now() + PATIENCE;
+    loop {
+        let seen = watches(etcd).await;
+        if seen == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "{why}: etcd counts {seen:?}, expected {expected:?}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done() {
+    const ELECTIONS: u64 = 10;
+    let etcd = EtcdServer::single().await;
+    let leaders = connect(&etcd.endpoints()).await;
+    let followers = connect(&etcd.endpoints()).await;
+    let mut leading = Vec::new();
+    for i in 0..ELECTIONS {
+        let mut campaign = election(&leaders, &format!("many/{i}"), "l", TTL).campaign();
+        elected(&mut campaign, PATIENCE).await;
+        leading.push(campaign);
+    }
+    let mut following = Vec::new();
+    for i in 0..ELECTIONS {
+        let campaign = election(&followers, &format!("many/{i}"), "f", TTL).campaign();
+        follows(&campaign).await;
+        following.push(campaign);
+    }
+    // A leader watches its range; a follower its predecessor's key, its own key, and (to
+    // report leader changes) the range.
+    wait_for_watches(
+        &etcd,
+        Watches {
+            streams: 2,
+            watchers: ELECTIONS + 3 * ELECTIONS,
+        },
+        "one stream per backend",
+    )
+    .await;
+
+    for campaign in following {
+        campaign.shutdown().await.expect("shutdown");
+    }
+    wait_for_watches(
+        &etcd,
+        Watches {
+            streams: 2,
+            watchers: ELECTIONS,
+        },
+        "a stopped campaign cancels its watches",
+    )
+    .await;
+    drop(followers);
+    wait_for_watches(
+        &etcd,
+        Watches {
+            streams: 1,
+            watchers: ELECTIONS,
+        },
+        "a dropped backend closes its stream",
+    )
+    .await;
+    for campaign in &leading {
+        assert!(campaign.status().borrow().is_leader());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

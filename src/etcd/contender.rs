@@ -5,7 +5,7 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::session::{Lease, free_key};
-use super::watch::{Follow, Retry, Target};
+use super::watch::{Follow, Retry, Seen, Target};
 use super::{EtcdBackend, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
@@ -50,6 +50,9 @@ pub struct EtcdContender {
 
 struct Waiting {
     predecessor: String,
+    /// The predecessor's create revision: a key of the same name written later is another
+    /// candidacy, behind ours.
+    predecessor_created: i64,
     follow: Follow,
 }
 
@@ -140,11 +143,10 @@ impl EtcdContender {
                 Some(self.put_options()),
             )])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        let mut kv = self.backend.kv();
         let response = error::within(
             self.backend.request_timeout(),
             "writing the candidate key",
-            kv.txn(txn),
+            async { self.backend.kv().txn(txn).await },
         )
         .await?;
         if response.succeeded() {
@@ -205,11 +207,13 @@ impl EtcdContender {
         }
         let mut retry = Retry::default();
         for _ in 0..LEASE_CHECKS {
-            let mut client = self.backend.lease_client();
             let checked = error::within(
                 self.backend.request_timeout(),
                 "checking the lease",
-                client.time_to_live(self.lease.id, None),
+                async {
+                    let mut client = self.backend.lease_client();
+                    client.time_to_live(self.lease.id, None).await
+                },
             )
             .await;
             match checked {
@@ -225,6 +229,31 @@ impl EtcdContender {
             LockLoss::SessionLost
         } else {
             LockLoss::Deleted
+        }
+    }
+
+    /// While leading, after the watch missed changes: reads the range and notes a loss, or
+    /// tells the watch it is caught up. A failed read is tried again after the next pause.
+    async fn recheck(&mut self) {
+        let own = self.key.as_bytes();
+        match self.backend.read_queue(&self.range).await {
+            Ok(queue) => match queue.candidates.first() {
+                Some(first) if first.key() == own => {
+                    if let Some(follow) = self.leading.as_mut() {
+                        follow.read_at(queue.revision);
+                    }
+                }
+                _ if queue.candidates.iter().any(|kv| kv.key() == own) => {
+                    self.noticed = Some(Noticed::Taken)
+                }
+                _ => self.noticed = Some(Noticed::Deleted),
+            },
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the election; retrying");
+                if let Some(follow) = self.leading.as_mut() {
+                    follow.pause().await;
+                }
+            }
         }
     }
 
@@ -272,7 +301,6 @@ impl Contender for EtcdContender {
                             prefix: true,
                         }],
                         false,
-                        queue.revision + 1,
                     ));
                 }
                 return Ok(Attempt::Won {
@@ -287,6 +315,7 @@ impl Contender for EtcdContender {
                 .take_while(|kv| kv.create_revision() < created)
                 .last()
                 .unwrap_or(first);
+            let predecessor_created = predecessor.create_revision();
             let predecessor = String::from_utf8_lossy(predecessor.key()).into_owned();
             let targets = [&predecessor, &self.key]
                 .into_iter()
@@ -297,7 +326,8 @@ impl Contender for EtcdContender {
                 .collect();
             self.waiting = Some(Waiting {
                 predecessor,
-                follow: Follow::new(&self.backend, targets, true, queue.revision + 1),
+                predecessor_created,
+                follow: Follow::new(&self.backend, targets, true),
             });
             return Ok(Attempt::Held {
                 holder: Some(leader_of(first)),
@@ -318,19 +348,25 @@ impl Contender for EtcdContender {
         loop {
             match waiting.follow.next().await {
                 // Only deletes are watched: the predecessor or our own key went.
-                Ok(_) => break,
+                Ok(Seen::Events(_)) => break,
+                Ok(Seen::Gap) => {}
                 Err(error) => {
                     tracing::debug!(%error, "the predecessor watch broke; re-reading");
                     waiting.follow.pause().await;
-                    let queue = self.backend.read_queue(&self.range).await?;
-                    let present =
-                        |key: &str| queue.candidates.iter().any(|kv| kv.key() == key.as_bytes());
-                    if !present(&waiting.predecessor) || !present(&self.key) {
-                        break;
-                    }
-                    waiting.follow.restart_at(queue.revision + 1);
                 }
             }
+            let queue = self.backend.read_queue(&self.range).await?;
+            let present = |key: &str, created: Option<i64>| {
+                queue.candidates.iter().any(|kv| {
+                    kv.key() == key.as_bytes() && created.is_none_or(|c| kv.create_revision() == c)
+                })
+            };
+            if !present(&waiting.predecessor, Some(waiting.predecessor_created))
+                || !present(&self.key, self.created)
+            {
+                break;
+            }
+            waiting.follow.read_at(queue.revision);
         }
         self.waiting = None;
         Ok(())
@@ -349,7 +385,7 @@ impl Contender for EtcdContender {
             };
             let own = self.key.as_bytes();
             match follow.next().await {
-                Ok(events) => {
+                Ok(Seen::Events(events)) => {
                     for event in &events {
                         let Some(kv) = event.kv() else { continue };
                         let ours = kv.key() == own;
@@ -365,23 +401,11 @@ impl Contender for EtcdContender {
                         }
                     }
                 }
+                Ok(Seen::Gap) => self.recheck().await,
                 Err(error) => {
                     tracing::debug!(%error, "the leader's watch broke; re-reading");
                     follow.pause().await;
-                    match self.backend.read_queue(&self.range).await {
-                        Ok(queue) => match queue.candidates.first() {
-                            Some(first) if first.key() == own => {
-                                follow.restart_at(queue.revision + 1)
-                            }
-                            _ if queue.candidates.iter().any(|kv| kv.key() == own) => {
-                                self.noticed = Some(Noticed::Taken)
-                            }
-                            _ => self.noticed = Some(Noticed::Deleted),
-                        },
-                        Err(error) => {
-                            tracing::debug!(%error, "cannot read the election; retrying")
-                        }
-                    }
+                    self.recheck().await;
                 }
             }
         }
@@ -404,9 +428,10 @@ impl Contender for EtcdContender {
                 self.value(Some(created)),
                 Some(self.put_options()),
             )]);
-        let mut kv = self.backend.kv();
-        let written =
-            error::within(self.backend.request_timeout(), "proclaiming", kv.txn(txn)).await;
+        let written = error::within(self.backend.request_timeout(), "proclaiming", async {
+            self.backend.kv().txn(txn).await
+        })
+        .await;
         match written {
             Ok(response) if response.succeeded() => Ok(()),
             Ok(_) => {
@@ -431,11 +456,10 @@ impl Contender for EtcdContender {
         if self.created.is_none() {
             return Ok(());
         }
-        let mut kv = self.backend.kv();
         error::within(
             self.backend.request_timeout(),
             "deleting the candidate key",
-            kv.delete(self.key.clone(), None),
+            async { self.backend.kv().delete(self.key.clone(), None).await },
         )
         .await?;
         self.forget();

@@ -171,13 +171,21 @@ pub(super) fn store(reason: impl Into<String>) -> Error {
 }
 
 /// Runs one request with a time limit: a store that does not answer is unavailable.
-pub(super) async fn within<T>(
+///
+/// The request's future (a few kilobytes for a gRPC call) is boxed before anything awaits it,
+/// so that it takes memory only while the request runs: otherwise it would be inlined in
+/// every future that awaits this one, and so in every campaign's task for as long as the
+/// campaign runs.
+pub(super) fn within<'a, T: 'a>(
     limit: Duration,
-    what: &str,
-    request: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> crate::Result<T> {
-    match timeout(limit, request).await {
-        Ok(result) => result.map_err(from_client),
-        Err(_) => Err(unavailable(format!("{what}: no answer within {limit:?}"))),
+    what: &'a str,
+    request: impl Future<Output = Result<T, etcd_client::Error>> + 'a,
+) -> impl Future<Output = crate::Result<T>> + 'a {
+    let request = Box::pin(request);
+    async move {
+        match timeout(limit, request).await {
+            Ok(result) => result.map_err(from_client),
+            Err(_) => Err(unavailable(format!("{what}: no answer within {limit:?}"))),
+        }
     }
 }

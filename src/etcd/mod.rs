@@ -40,10 +40,16 @@
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in
 //!   an election name, so the range of election `a` never includes election `a/b`.
 //! - **Followers watch only their predecessor.** A follower watches the delete of the key
-//!   created just before its own, from the revision of the read that found it (so a delete in
-//!   between is not missed), and tries again when it goes: a hand-off wakes exactly one
-//!   candidate, not the whole queue. A watch that breaks or is cancelled by compaction is
-//!   re-established from a fresh read; it never ends silently.
+//!   created just before its own, and tries again when it goes: a hand-off wakes exactly one
+//!   candidate, not the whole queue. The watch is created after the read that found the
+//!   predecessor, and the follower reads once more when etcd confirms the watch, so a delete
+//!   in between is neither missed nor late. (Watches start from "now": etcd serves a watch
+//!   that starts at a past revision from a catch-up loop that runs only every 100 ms.) A
+//!   watch that breaks is re-established from a fresh read; it never ends silently.
+//! - **One watch stream per backend.** Every watch of an [`EtcdBackend`] (leaders', followers'
+//!   and observers', of every election) shares one gRPC stream, so a thousand elections cost
+//!   a thousand watch ids, not a thousand HTTP/2 streams. When the stream breaks, every watch
+//!   re-reads and is re-created on a new one.
 //! - **Losing the key.** The leader watches the election's range: the delete of its key ends
 //!   the term, as [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when an operator deleted
 //!   it, or [`SessionExpired`](crate::DemotionReason::SessionExpired) when the lease is gone
@@ -143,6 +149,8 @@ struct Inner {
     settings: Settings,
     /// Leases shared by the sessions with equal options.
     leases: SessionPool<session::Lease>,
+    /// The one watch stream that every watch of this backend shares.
+    watches: watch::Hub,
 }
 
 /// What the backend keeps of its settings after connecting: no secrets.
@@ -210,6 +218,7 @@ impl EtcdBackend {
                 client,
                 settings,
                 leases: SessionPool::default(),
+                watches: watch::Hub::default(),
             }),
         }
     }

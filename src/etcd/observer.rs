@@ -3,7 +3,7 @@
 
 use etcd_client::{Event, EventType, KeyValue};
 
-use super::watch::{Follow, Target};
+use super::watch::{Follow, Seen, Target};
 use super::{EtcdBackend, leader_of};
 use crate::Result;
 use crate::backend::{Leader, Observer};
@@ -51,24 +51,23 @@ impl EtcdObserver {
         })
     }
 
-    /// Reads the holder; (re)starts the watch from just after the read if there is none.
+    /// Reads the holder, and tells the watch (or starts one) that changes after the read are
+    /// what matters.
     async fn read(&mut self) -> Result<()> {
         let (revision, kv) = self.backend.read_holder(&self.range).await?;
         self.holder = kv
             .as_ref()
             .map(|kv: &KeyValue| (kv.key().to_vec(), leader_of(kv)));
         self.stale = false;
-        if self.follow.is_none() {
-            let target = Target {
-                key: self.range.clone().into_bytes(),
-                prefix: true,
-            };
-            self.follow = Some(Follow::new(
-                &self.backend,
-                vec![target],
-                false,
-                revision + 1,
-            ));
+        match self.follow.as_mut() {
+            Some(follow) => follow.read_at(revision),
+            None => {
+                let target = Target {
+                    key: self.range.clone().into_bytes(),
+                    prefix: true,
+                };
+                self.follow = Some(Follow::new(&self.backend, vec![target], false));
+            }
         }
         Ok(())
     }
@@ -111,9 +110,10 @@ impl Observer for EtcdObserver {
                 continue;
             };
             match follow.next().await {
-                Ok(events) => {
+                Ok(Seen::Events(events)) => {
                     self.stale = events.iter().any(|event| self.matters(event));
                 }
+                Ok(Seen::Gap) => self.stale = true,
                 Err(error) => {
                     tracing::debug!(%error, "the observer's watch broke; re-reading");
                     follow.pause().await;

@@ -47,8 +47,8 @@ impl Poolable for Lease {
         self.keepalive.stop();
         let backend = &self.backend;
         let id = self.id;
-        let mut client = backend.lease_client();
-        match tokio::time::timeout(backend.request_timeout(), client.revoke(id)).await {
+        let revoking = Box::pin(async { backend.lease_client().revoke(id).await });
+        match tokio::time::timeout(backend.request_timeout(), revoking).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) if error::is_lease_not_found(&e) => Ok(()),
             Ok(Err(e)) => Err(error::from_client(e)),

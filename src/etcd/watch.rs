@@ -1,10 +1,19 @@
-//! A watch that resumes where it left off, and the back-off between attempts to re-establish
-//! one.
+//! Watches: every watch of a backend multiplexed on one gRPC stream ([`Hub`]), a watch that
+//! resumes where its owner's last read left off ([`Follow`]), and the back-off between
+//! attempts to re-establish one.
+//!
+//! One stream per backend, not one per watch: a thousand elections on one backend cost a
+//! thousand small entries in a map here and on the server, not a thousand HTTP/2 streams
+//! with their buffers.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Event, WatchFilterType, WatchOptions, WatchStream};
-use tokio::time::sleep;
+use etcd_client::{Event, WatchClient, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::time::{Instant, sleep, timeout_at};
 
 use super::{EtcdBackend, error};
 use crate::Result;
@@ -14,6 +23,168 @@ const RETRY_INITIAL: Duration = Duration::from_millis(100);
 /// The longest pause between attempts: a store that stays down is tried this often.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
+/// The one watch stream of an [`EtcdBackend`], shared by all its watches.
+///
+/// A task owns the stream: it is opened with the first watch, routes each response to its
+/// watch by watch id (ids are chosen here, so a response can never be matched to the wrong
+/// watch), and ends when the backend is dropped. When the stream breaks, every watch on it is
+/// told, and the next watch opens a new stream.
+#[derive(Debug, Default)]
+pub(super) struct Hub {
+    /// Requests to the task that owns the current stream; closed once that task ended.
+    requests: Mutex<Option<UnboundedSender<Request>>>,
+    /// The last watch id handed out. Ids are never reused, not even across streams.
+    last_id: AtomicI64,
+}
+
+impl Hub {
+    /// A channel to the stream's task, starting a new task if there is none or it ended.
+    fn requests(&self, backend: &EtcdBackend) -> UnboundedSender<Request> {
+        let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        match requests.as_ref() {
+            Some(sender) if !sender.is_closed() => sender.clone(),
+            _ => {
+                let (sender, receiver) = unbounded_channel();
+                let client = backend.inner.client.watch_client();
+                tokio::spawn(run_stream(client, receiver, backend.request_timeout()));
+                *requests = Some(sender.clone());
+                sender
+            }
+        }
+    }
+
+    fn next_id(&self) -> i64 {
+        self.last_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// What a watch asks of the stream's task.
+enum Request {
+    Create {
+        id: i64,
+        key: Vec<u8>,
+        options: WatchOptions,
+        route: UnboundedSender<Message>,
+    },
+    Cancel {
+        id: i64,
+    },
+}
+
+/// What the stream's task tells one watch.
+#[derive(Debug)]
+enum Message {
+    /// The watch exists; it reports every change after `revision`, the store's revision when
+    /// it was created.
+    Created { revision: i64 },
+    /// Events, in revision order (possibly none: a progress report).
+    Events(Vec<Event>),
+    /// The server cancelled this watch.
+    Cancelled(String),
+    /// The stream broke or could not be opened: every watch on it is gone.
+    Broken(String),
+}
+
+/// Owns one watch stream until the backend is dropped or the stream breaks.
+async fn run_stream(
+    mut client: WatchClient,
+    mut requests: UnboundedReceiver<Request>,
+    limit: Duration,
+) {
+    let mut routes: HashMap<i64, UnboundedSender<Message>> = HashMap::new();
+    // etcd opens a watch stream with its first watch.
+    let mut stream: WatchStream = loop {
+        let Some(request) = requests.recv().await else {
+            return;
+        };
+        // A cancel before any stream is open has nothing to cancel.
+        let Request::Create {
+            id,
+            key,
+            options,
+            route,
+        } = request
+        else {
+            continue;
+        };
+        let opening = client.watch(key, Some(options.with_watch_id(id)));
+        match error::within(limit, "opening the watch stream", opening).await {
+            Ok(stream) => {
+                routes.insert(id, route);
+                break stream;
+            }
+            Err(e) => {
+                // Watches queued behind this one see their channel close: the same news.
+                let _ = route.send(Message::Broken(e.to_string()));
+                return;
+            }
+        }
+    };
+    let broken = loop {
+        tokio::select! {
+            request = requests.recv() => match request {
+                // The backend is gone: dropping the stream cancels it on the server.
+                None => return,
+                Some(Request::Create { id, key, options, route }) => {
+                    routes.insert(id, route);
+                    let adding = stream.watch(key, Some(options.with_watch_id(id)));
+                    if let Err(e) = error::within(limit, "adding a watch", adding).await {
+                        break e.to_string();
+                    }
+                }
+                Some(Request::Cancel { id }) => {
+                    if routes.remove(&id).is_some() {
+                        let cancelling = stream.cancel(id);
+                        if let Err(e) = error::within(limit, "cancelling a watch", cancelling).await {
+                            break e.to_string();
+                        }
+                    }
+                }
+            },
+            message = stream.message() => match message {
+                Ok(Some(response)) => deliver(&mut routes, response),
+                Ok(None) => break "the server closed the watch stream".to_owned(),
+                Err(e) => break error::from_client(e).to_string(),
+            },
+        }
+    };
+    tracing::debug!(watches = routes.len(), reason = %broken, "the watch stream broke");
+    for route in routes.into_values() {
+        let _ = route.send(Message::Broken(broken.clone()));
+    }
+}
+
+/// Passes one response to its watch.
+fn deliver(routes: &mut HashMap<i64, UnboundedSender<Message>>, response: WatchResponse) {
+    let id = response.watch_id();
+    let message = if response.canceled() {
+        let reason = match response.compact_revision() {
+            0 => format!("the watch was cancelled: {}", response.cancel_reason()),
+            compacted => format!(
+                "the watch was cancelled: its start revision is compacted (up to {compacted})"
+            ),
+        };
+        Message::Cancelled(reason)
+    } else if response.created() {
+        Message::Created {
+            revision: response.header().map_or(0, |h| h.revision()),
+        }
+    } else {
+        Message::Events(response.events().to_vec())
+    };
+    let cancelled = matches!(message, Message::Cancelled(_));
+    let Some(route) = routes.get(&id) else {
+        // Cancelled by its owner meanwhile, or a stream-wide progress report.
+        return;
+    };
+    // A closed route is left alone: its owner's cancel is on its way, and must find it to
+    // cancel the watch on the server too.
+    let _ = route.send(message);
+    if cancelled {
+        routes.remove(&id);
+    }
+}
+
 /// What a [`Follow`] watches.
 #[derive(Clone, Debug)]
 pub(super) struct Target {
@@ -22,85 +193,126 @@ pub(super) struct Target {
     pub prefix: bool,
 }
 
-/// Events on some keys from a start revision on, over one watch stream that is opened when
-/// first needed. Cancel-safe: dropping a [`next`](Follow::next) future loses no event, and the
-/// stream stays open for the next call.
+/// What [`Follow::next`] saw.
+#[derive(Debug)]
+pub(super) enum Seen {
+    /// Events on the targets, in revision order.
+    Events(Vec<Event>),
+    /// The watch was just created: read the targets again and pass the read's revision to
+    /// [`read_at`](Follow::read_at); until then, [`next`](Follow::next) says `Gap` again.
+    /// Changes between the owner's earlier read and the watch's creation are in that read,
+    /// not in the watch. The watch reports every change after its creation, so a change may
+    /// be both in the read and reported afterwards.
+    Gap,
+}
+
+/// Changes to some keys after the owner's last read of them, on the backend's one watch
+/// stream. The watch is created when first needed.
+///
+/// Watches are created from "now", and the owner reads again once the server confirms them
+/// ([`Seen::Gap`]). The other way round (a watch from just after the owner's read) would see
+/// the same changes, but etcd serves a watch that starts in the past from a catch-up loop that
+/// runs every 100 ms, so a change made between the read and the watch's creation (a hand-off,
+/// typically) would reach the owner up to 100 ms late. The header of etcd's answer cannot tell
+/// when that happened: etcd reads the revision it reports before it registers the watch. So
+/// the read after the creation is unconditional; it is one read per watch, off the critical
+/// path of a hand-off unless the hand-off raced the watch.
+///
+/// Cancel-safe: dropping a `next` future loses nothing, and the watch stays open for the
+/// next call. Dropping the `Follow` cancels its watches.
 pub(super) struct Follow {
     backend: EtcdBackend,
     targets: Vec<Target>,
     deletes_only: bool,
-    /// The first revision whose events have not been returned yet.
-    next_revision: i64,
-    stream: Option<WatchStream>,
+    open: Option<Open>,
     retry: Retry,
 }
 
+/// The watches of a [`Follow`] on the stream; cancelled when dropped.
+struct Open {
+    ids: Vec<i64>,
+    messages: UnboundedReceiver<Message>,
+    requests: UnboundedSender<Request>,
+    /// Watches whose creation the server has not confirmed yet.
+    unconfirmed: usize,
+    /// When an unconfirmed creation counts as failed.
+    deadline: Instant,
+    /// The latest revision at which one of the watches was created.
+    created: i64,
+    /// The owner read the targets after every watch was created.
+    read_since: bool,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        for &id in &self.ids {
+            let _ = self.requests.send(Request::Cancel { id });
+        }
+    }
+}
+
 impl Follow {
-    /// Follows `targets` from `revision` on; only their deletes if `deletes_only`.
-    pub fn new(
-        backend: &EtcdBackend,
-        targets: Vec<Target>,
-        deletes_only: bool,
-        revision: i64,
-    ) -> Follow {
+    /// Follows `targets`; only their deletes if `deletes_only`.
+    pub fn new(backend: &EtcdBackend, targets: Vec<Target>, deletes_only: bool) -> Follow {
         Follow {
             backend: backend.clone(),
             targets,
             deletes_only,
-            next_revision: revision,
-            stream: None,
+            open: None,
             retry: Retry::default(),
         }
     }
 
-    /// The next events, in revision order. `Err` when the watch cannot be opened, breaks, or
-    /// is cancelled by the server (e.g. its start revision was compacted): re-establish it
-    /// from a fresh read, after [`pause`](Follow::pause).
-    pub async fn next(&mut self) -> Result<Vec<Event>> {
-        if self.stream.is_none() {
-            self.stream = Some(self.open().await?);
-        }
+    /// The next events, or a [`Seen::Gap`]. `Err` when the watch cannot be created, the
+    /// stream breaks, or the server cancels the watch: [`pause`](Follow::pause), read again,
+    /// and pass the read's revision to [`read_at`](Follow::read_at); the next call creates
+    /// the watch again.
+    pub async fn next(&mut self) -> Result<Seen> {
+        let limit = self.backend.request_timeout();
+        let open = match &mut self.open {
+            Some(open) => open,
+            None => self.open.insert(self.create()?),
+        };
         loop {
-            let Some(stream) = self.stream.as_mut() else {
-                return Err(error::unavailable("the watch stream is closed"));
-            };
-            let message = stream.message().await;
-            match message {
-                Ok(Some(response)) if response.canceled() => {
-                    self.stream = None;
-                    let reason = match response.compact_revision() {
-                        0 => format!("the watch was cancelled: {}", response.cancel_reason()),
-                        compacted => format!(
-                            "the watch was cancelled: revision {} is compacted (up to {compacted})",
-                            self.next_revision
-                        ),
-                    };
-                    return Err(error::unavailable(reason));
+            if open.unconfirmed == 0 && !open.read_since {
+                return Ok(Seen::Gap);
+            }
+            let message = if open.unconfirmed > 0 {
+                match timeout_at(open.deadline, open.messages.recv()).await {
+                    Ok(message) => message,
+                    Err(_) => {
+                        self.open = None;
+                        return Err(error::unavailable(format!(
+                            "creating a watch: no answer within {limit:?}"
+                        )));
+                    }
                 }
-                Ok(Some(response)) => {
-                    if response.created() {
+            } else {
+                open.messages.recv().await
+            };
+            match message {
+                Some(Message::Created { revision }) => {
+                    open.unconfirmed = open.unconfirmed.saturating_sub(1);
+                    open.created = open.created.max(revision);
+                    if open.unconfirmed == 0 {
                         self.retry.reset();
                     }
-                    let events = response.events();
-                    if let Some(last) = events
-                        .iter()
-                        .filter_map(|e| e.kv())
-                        .map(|kv| kv.mod_revision())
-                        .max()
-                    {
-                        self.next_revision = self.next_revision.max(last + 1);
-                    }
-                    if !events.is_empty() {
-                        return Ok(events.to_vec());
-                    }
                 }
-                Ok(None) => {
-                    self.stream = None;
-                    return Err(error::unavailable("the server closed the watch stream"));
+                Some(Message::Events(events)) if events.is_empty() => {}
+                Some(Message::Events(events)) => return Ok(Seen::Events(events)),
+                Some(Message::Cancelled(reason)) => {
+                    self.open = None;
+                    return Err(error::unavailable(reason));
                 }
-                Err(e) => {
-                    self.stream = None;
-                    return Err(error::from_client(e));
+                Some(Message::Broken(reason)) => {
+                    self.open = None;
+                    return Err(error::unavailable(format!(
+                        "the watch stream broke: {reason}"
+                    )));
+                }
+                None => {
+                    self.open = None;
+                    return Err(error::unavailable("the watch stream closed"));
                 }
             }
         }
@@ -111,41 +323,55 @@ impl Follow {
         self.retry.pause().await;
     }
 
-    /// Restarts the watch from `revision` (the revision of a fresh read, plus one).
-    pub fn restart_at(&mut self, revision: i64) {
-        self.stream = None;
-        self.next_revision = revision;
+    /// Tells the watch that its owner read the targets at `revision`. Resolves a
+    /// [`Seen::Gap`] when the read is at least as recent as the watch.
+    pub fn read_at(&mut self, revision: i64) {
+        if let Some(open) = self.open.as_mut()
+            && open.unconfirmed == 0
+            && revision >= open.created
+        {
+            open.read_since = true;
+        }
     }
 
-    async fn open(&self) -> Result<WatchStream> {
-        let mut options = WatchOptions::new().with_start_revision(self.next_revision);
-        if self.deletes_only {
-            options = options.with_filters([WatchFilterType::NoPut]);
-        }
-        let target_options = |target: &Target| match target.prefix {
-            true => options.clone().with_prefix(),
-            false => options.clone(),
-        };
-        let Some((first, others)) = self.targets.split_first() else {
+    /// Asks the stream's task for one watch per target, all routed to one channel.
+    fn create(&self) -> Result<Open> {
+        if self.targets.is_empty() {
             return Err(error::store("nothing to watch"));
-        };
-        let mut watch = self.backend.inner.client.watch_client();
-        let limit = self.backend.request_timeout();
-        let mut stream = error::within(limit, "opening a watch", async {
-            watch
-                .watch(first.key.clone(), Some(target_options(first)))
-                .await
-        })
-        .await?;
-        for target in others {
-            error::within(limit, "adding a watch", async {
-                stream
-                    .watch(target.key.clone(), Some(target_options(target)))
-                    .await
-            })
-            .await?;
         }
-        Ok(stream)
+        let hub = &self.backend.inner.watches;
+        let requests = hub.requests(&self.backend);
+        let (route, messages) = unbounded_channel();
+        let mut open = Open {
+            ids: Vec::with_capacity(self.targets.len()),
+            messages,
+            requests: requests.clone(),
+            unconfirmed: self.targets.len(),
+            deadline: Instant::now() + self.backend.request_timeout(),
+            created: 0,
+            read_since: false,
+        };
+        for target in &self.targets {
+            let mut options = WatchOptions::new();
+            if target.prefix {
+                options = options.with_prefix();
+            }
+            if self.deletes_only {
+                options = options.with_filters([WatchFilterType::NoPut]);
+            }
+            let id = hub.next_id();
+            open.ids.push(id);
+            let request = Request::Create {
+                id,
+                key: target.key.clone(),
+                options,
+                route: route.clone(),
+            };
+            if requests.send(request).is_err() {
+                return Err(error::unavailable("the watch stream closed"));
+            }
+        }
+        Ok(open)
     }
 }
 
