@@ -407,7 +407,7 @@ pub fn print_latencies_against(what: &str, samples: &[Duration], target: &str) {
     }
     let mut sorted = samples.to_vec();
     sorted.sort();
-    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    let at = |q: f64| quantile(&sorted, q);
     println!(
         "{what}: median {:.3} ms, p99 {:.3} ms, min {:.3} ms, max {:.3} ms ({} rounds){}",
         at(0.5).as_secs_f64() * 1e3,
@@ -417,6 +417,22 @@ pub fn print_latencies_against(what: &str, samples: &[Duration], target: &str) {
         sorted.len(),
         bracket(target)
     );
+}
+
+/// The median of `samples`, as [`print_latencies`] prints it; `None` without samples.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub fn median(samples: &[Duration]) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    Some(quantile(&sorted, 0.5))
+}
+
+/// The sample at quantile `q` (0 to 1) of non-empty sorted samples, to the nearest rank.
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 /// ` [target: …]`, or nothing.

@@ -9,6 +9,7 @@ use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOp
 use incumbent::etcd::{EtcdBackend, MIN_TTL};
 
 use crate::common;
+use crate::support::etcd::TMPFS;
 use crate::support::{EtcdServer, http};
 
 /// Hand-off rounds (at least 50 for a p99 worth printing).
@@ -35,9 +36,18 @@ pub async fn run() {
         .await
         .map(|r| r.body)
         .unwrap_or_default();
-    println!("etcd on {addr}: {}", version.trim());
+    println!("etcd on {addr}, its data on disk: {}", version.trim());
 
-    handoff(&endpoints, addr).await;
+    let on_disk = handoff(&endpoints, addr, "disk").await;
+    let on_tmpfs = {
+        let tmpfs = EtcdServer::single_on_tmpfs().await;
+        let addr = tmpfs.client_addr();
+        println!("a second etcd on {addr}, its data on tmpfs ({TMPFS}), for the same rounds:");
+        handoff(&tmpfs.endpoints(), addr, "tmpfs").await
+    };
+    on_disk.print_against_floor();
+    on_tmpfs.print_against_floor();
+
     crash(&endpoints).await;
     idle_separate(&endpoints, addr).await;
     idle_shared(&endpoints, addr).await;
@@ -50,8 +60,9 @@ async fn connect(endpoints: Vec<String>) -> EtcdBackend {
         .expect("connect to etcd")
 }
 
-/// Two candidates, each on its own connection (as two processes would be).
-async fn handoff(endpoints: &[String], addr: SocketAddr) {
+/// Two candidates, each on its own connection (as two processes would be); then the store's
+/// floor for the same steps. `store` says where etcd keeps its data.
+async fn handoff(endpoints: &[String], addr: SocketAddr, store: &'static str) -> Handoff {
     let before = scrape(addr).await;
     let pool = Mutex::new(vec![
         connect(endpoints.to_vec()).await,
@@ -65,30 +76,74 @@ async fn handoff(endpoints: &[String], addr: SocketAddr) {
     };
     let samples = common::handoff_rounds(next, MIN_TTL, HANDOFF_ROUNDS).await;
     common::print_latencies_against(
-        &format!("hand-off after resign (ttl {MIN_TTL:?}, two connections)"),
+        &format!("hand-off after resign, etcd on {store} (ttl {MIN_TTL:?}, two connections)"),
         &samples,
         "median <= 2 ms",
     );
     // A hand-off waits for two writes to etcd's WAL (the release, the new term), each fsynced.
     let after = scrape(addr).await;
     let fsyncs = after.fsyncs - before.fsyncs;
-    if fsyncs > 0.0 {
+    let fsync = (fsyncs > 0.0)
+        .then(|| Duration::from_secs_f64((after.fsync_seconds - before.fsync_seconds) / fsyncs));
+    if let Some(fsync) = fsync {
         println!(
             "  etcd's WAL fsync meanwhile: mean {:.3} ms over {fsyncs:.0} fsyncs",
-            (after.fsync_seconds - before.fsync_seconds) * 1e3 / fsyncs
+            fsync.as_secs_f64() * 1e3
         );
     }
-    store_floor(endpoints).await;
+    Handoff {
+        store,
+        library: common::median(&samples),
+        floor: store_floor(endpoints).await,
+        fsync,
+    }
+}
+
+/// Medians of one etcd's hand-off rounds, to set the library against the store.
+struct Handoff {
+    /// Where etcd keeps its data.
+    store: &'static str,
+    library: Option<Duration>,
+    /// The plain client's delete -> watch event -> range -> txn.
+    floor: Option<Duration>,
+    /// etcd's mean WAL fsync during the library's rounds.
+    fsync: Option<Duration>,
+}
+
+impl Handoff {
+    /// One line: the library's median, the floor's, and their ratio.
+    fn print_against_floor(&self) {
+        let ms = |d: Option<Duration>| {
+            d.map_or_else(
+                || "-".to_owned(),
+                |d| format!("{:.3} ms", d.as_secs_f64() * 1e3),
+            )
+        };
+        let ratio = match (self.library, self.floor) {
+            (Some(library), Some(floor)) if !floor.is_zero() => {
+                format!("{:.2}", library.as_secs_f64() / floor.as_secs_f64())
+            }
+            _ => "-".to_owned(),
+        };
+        println!(
+            "hand-off against the floor, etcd on {} (WAL fsync {}): median {} / {} = {ratio}",
+            self.store,
+            ms(self.fsync),
+            ms(self.library),
+            ms(self.floor),
+        );
+    }
 }
 
 /// The store's part of a hand-off, with a plain etcd client: the leader deletes its key; the
 /// follower, watching it, reads the candidates and rewrites its own key in a transaction, as
 /// the new leader does to mark its term. What the library cannot go below on this machine.
-async fn store_floor(endpoints: &[String]) {
+/// Returns the median of the whole sequence.
+async fn store_floor(endpoints: &[String]) -> Option<Duration> {
     let client = || etcd_client::Client::connect(endpoints, None);
     let (Ok(mut leader), Ok(mut follower)) = (client().await, client().await) else {
         println!("  etcd floor: could not connect");
-        return;
+        return None;
     };
     let mut handoffs = Vec::with_capacity(FLOOR_ROUNDS);
     let mut deletes = Vec::with_capacity(FLOOR_ROUNDS);
@@ -105,6 +160,7 @@ async fn store_floor(endpoints: &[String]) {
         &handoffs,
     );
     common::print_latencies("  etcd floor, plain client: one delete", &deletes);
+    common::median(&handoffs)
 }
 
 /// One round of [`store_floor`]: the whole sequence, and the delete alone.

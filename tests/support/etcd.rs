@@ -1,4 +1,8 @@
 //! etcd on loopback: a single member or a static three-member cluster.
+//!
+//! Data directories are in a temp dir on the system's temp file system (on disk, so each
+//! write waits for a real fsync of etcd's WAL, as in production), except for
+//! [`EtcdServer::single_on_tmpfs`], whose data is in memory.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,16 +19,32 @@ pub const HEARTBEAT_MS: u32 = 50;
 /// Raft election timeout in milliseconds (ten heartbeats).
 pub const ELECTION_TIMEOUT_MS: u32 = 500;
 
+/// Where [`EtcdServer::single_on_tmpfs`] keeps its data: Linux's shared-memory tmpfs, where an
+/// fsync returns at once.
+pub const TMPFS: &str = "/dev/shm";
+
 /// A one-member etcd, killed on drop.
 pub struct EtcdServer {
     cluster: EtcdCluster,
 }
 
 impl EtcdServer {
-    /// Starts a one-member etcd and waits until `/health` reports healthy.
+    /// Starts a one-member etcd, its data directory in the system's temp dir (on disk), and
+    /// waits until `/health` reports healthy. Each write waits for its WAL entry to be
+    /// fsynced, as in production.
     pub async fn single() -> Self {
         EtcdServer {
-            cluster: EtcdCluster::start(1).await,
+            cluster: EtcdCluster::start(1, &std::env::temp_dir()).await,
+        }
+    }
+
+    /// Like [`single`](EtcdServer::single), with the data directory on tmpfs ([`TMPFS`]): the
+    /// WAL's fsync costs next to nothing, so a write costs only etcd's own work. For
+    /// benchmarks that tell the disk's share from the rest; nothing survives a reboot, so
+    /// never for tests of durability. Panics where [`TMPFS`] does not exist (it is Linux's).
+    pub async fn single_on_tmpfs() -> Self {
+        EtcdServer {
+            cluster: EtcdCluster::start(1, Path::new(TMPFS)).await,
         }
     }
 
@@ -61,7 +81,7 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts a three-member cluster and waits until every member is healthy.
     pub async fn three() -> Self {
-        Self::start(3).await
+        Self::start(3, &std::env::temp_dir()).await
     }
 
     /// The client URLs of all members, `http://127.0.0.1:PORT`, in member order.
@@ -87,12 +107,13 @@ impl EtcdCluster {
         &mut self.members[index]
     }
 
-    async fn start(size: usize) -> Self {
+    /// Starts `size` members, their data directories in a new temp dir under `parent`.
+    async fn start(size: usize, parent: &Path) -> Self {
         let etcd = find_binary("etcd");
         let dir = tempfile::Builder::new()
             .prefix("incumbent-etcd-")
-            .tempdir()
-            .expect("create etcd temp dir");
+            .tempdir_in(parent)
+            .unwrap_or_else(|e| panic!("create an etcd temp dir in {}: {e}", parent.display()));
         let names: Vec<String> = (0..size).map(|i| format!("etcd{i}")).collect();
         let client_addrs: Vec<SocketAddr> = (0..size).map(|_| free_addr()).collect();
         let peer_addrs: Vec<SocketAddr> = (0..size).map(|_| free_addr()).collect();
