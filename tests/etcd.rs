@@ -310,6 +310,43 @@ async fn wait_sees_a_delete_that_happened_before_it_started() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_in_line_whose_key_went_with_the_holders_does_not_win_on_the_old_key() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let (_a_session, _a, won) = queued(&etcd, "same-revision", "a").await;
+    assert!(matches!(won, Attempt::Won { .. }), "{won:?}");
+    let (_b_session, mut b, held) = queued(&etcd, "same-revision", "b").await;
+    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    let b_waits = tokio::spawn(async move {
+        b.wait().await.expect("wait");
+        b
+    });
+    sleep(Duration::from_millis(300)).await;
+    // An operator deletes the whole election in one revision: the holder's key and b's.
+    let range = connect(&etcd.endpoints())
+        .await
+        .election_range("same-revision");
+    let options = etcd_client::DeleteOptions::new().with_prefix();
+    let deleted = client.delete(range, Some(options)).await.expect("delete");
+    assert_eq!(deleted.deleted(), 2);
+    let mut b = timeout(PATIENCE, b_waits)
+        .await
+        .expect("b wakes")
+        .expect("b's task");
+    let Attempt::Won { fencing_token } = b.acquire().await.expect("acquire") else {
+        panic!("b is alone in the election and should win");
+    };
+    let backend = connect(&etcd.endpoints()).await;
+    let keys = candidates(&mut client, &backend, "same-revision").await;
+    assert_eq!(keys.len(), 1, "b wrote its key again: {keys:?}");
+    assert_eq!(
+        fencing_token,
+        token(&keys[0]),
+        "b's term is its new key's, not the deleted one's"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_survives_a_compacted_start_revision() {
     let etcd = EtcdServer::single().await;
     let mut client = operator(&etcd.endpoints()).await;
@@ -479,13 +516,13 @@ async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done()
         follows(&campaign).await;
         following.push(campaign);
     }
-    // A leader watches its range; a follower its predecessor's key, its own key, and (to
-    // report leader changes) the range.
+    // A leader watches its range; a follower next in line the keys from its predecessor's to
+    // its own, and (to report leader changes) the range.
     wait_for_watches(
         &etcd,
         Watches {
             streams: 2,
-            watchers: ELECTIONS + 3 * ELECTIONS,
+            watchers: ELECTIONS + 2 * ELECTIONS,
         },
         "one stream per backend",
     )

@@ -54,47 +54,99 @@ async fn next_elected(campaign: &mut Campaign, limit: Duration) -> Option<u64> {
     .flatten()
 }
 
-/// Two candidates; the leader resigns; time until the other reports `Elected`.
+/// Two candidates; the leader resigns; time until the other reports `Elected`. Each round
+/// starts as soon as the follower reports [`Role::Follower`].
 pub async fn handoff_rounds<B: Backend>(
     connect: impl Fn() -> B,
     ttl: Duration,
     rounds: usize,
 ) -> Vec<Duration> {
-    let mut a = election(connect(), "a", ttl).campaign();
-    let mut b = election(connect(), "b", ttl).campaign();
-    let mut samples = Vec::with_capacity(rounds);
-    // Whoever leads first resigns; the other must take over.
-    let mut leader_is_a = tokio::select! {
-        _ = next_elected(&mut a, ttl * 5) => true,
-        _ = next_elected(&mut b, ttl * 5) => false,
-    };
-    for _ in 0..rounds {
-        let (leader, follower) = if leader_is_a {
-            (&mut a, &mut b)
-        } else {
-            (&mut b, &mut a)
-        };
-        // Start only once the follower waits for the lock (not in a cool-down).
-        let mut status = follower.status();
-        let _ = timeout(
-            ttl * 5,
-            status.wait_for(|s| s.role == incumbent::Role::Follower),
-        )
-        .await;
-        let start = Instant::now();
-        let handle = leader.handle();
-        let resign = tokio::spawn(async move { handle.resign().await });
-        if next_elected(follower, ttl * 5).await.is_none() {
-            println!("  a round timed out");
-            break;
-        }
-        samples.push(start.elapsed());
-        let _ = resign.await;
-        leader_is_a = !leader_is_a;
-    }
-    let _ = a.shutdown().await;
-    let _ = b.shutdown().await;
+    let (a, b) = (connect(), connect());
+    let mut pair = Pair::start(a, b, ttl).await;
+    let samples = pair.rounds(rounds, Duration::ZERO).await;
+    pair.stop().await;
     samples
+}
+
+/// Like [`handoff_rounds`], twice with the same two candidates: first as soon as the
+/// follower reports [`Role::Follower`] (so the resign races the set-up of its wait), then
+/// `settle` after it did (so its wait is in place, as a follower's is most of the time).
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub async fn handoff_rounds_racing_and_settled<B: Backend>(
+    connect: impl Fn() -> B,
+    ttl: Duration,
+    rounds: usize,
+    settle: Duration,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (a, b) = (connect(), connect());
+    let mut pair = Pair::start(a, b, ttl).await;
+    let racing = pair.rounds(rounds, Duration::ZERO).await;
+    let settled = pair.rounds(rounds, settle).await;
+    pair.stop().await;
+    (racing, settled)
+}
+
+/// Two campaigns of one election, and which of them leads.
+struct Pair {
+    a: Campaign,
+    b: Campaign,
+    ttl: Duration,
+    leader_is_a: bool,
+}
+
+impl Pair {
+    async fn start<B: Backend>(a: B, b: B, ttl: Duration) -> Pair {
+        let mut a = election(a, "a", ttl).campaign();
+        let mut b = election(b, "b", ttl).campaign();
+        let leader_is_a = tokio::select! {
+            _ = next_elected(&mut a, ttl * 5) => true,
+            _ = next_elected(&mut b, ttl * 5) => false,
+        };
+        Pair {
+            a,
+            b,
+            ttl,
+            leader_is_a,
+        }
+    }
+
+    /// Whoever leads resigns, `settle` after the other reports it follows; the other must
+    /// take over.
+    async fn rounds(&mut self, rounds: usize, settle: Duration) -> Vec<Duration> {
+        let ttl = self.ttl;
+        let mut samples = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let (leader, follower) = if self.leader_is_a {
+                (&mut self.a, &mut self.b)
+            } else {
+                (&mut self.b, &mut self.a)
+            };
+            // Start only once the follower waits for the lock (not in a cool-down).
+            let mut status = follower.status();
+            let _ = timeout(
+                ttl * 5,
+                status.wait_for(|s| s.role == incumbent::Role::Follower),
+            )
+            .await;
+            tokio::time::sleep(settle).await;
+            let start = Instant::now();
+            let handle = leader.handle();
+            let resign = tokio::spawn(async move { handle.resign().await });
+            if next_elected(follower, ttl * 5).await.is_none() {
+                println!("  a round timed out");
+                break;
+            }
+            samples.push(start.elapsed());
+            let _ = resign.await;
+            self.leader_is_a = !self.leader_is_a;
+        }
+        samples
+    }
+
+    async fn stop(self) {
+        let _ = self.a.shutdown().await;
+        let _ = self.b.shutdown().await;
+    }
 }
 
 /// One crash round.

@@ -24,6 +24,9 @@ const IDLE_CANDIDATES: usize = 10;
 const IDLE_TTL: Duration = Duration::from_secs(3);
 /// How long the request rate is measured.
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
+/// How long a follower's watch has been in place when the leader resigns, in the settled
+/// hand-off rounds and in the floor's rounds.
+const SETTLE: Duration = Duration::from_millis(20);
 /// Elections held at once by one process.
 const SCALE: usize = 1_000;
 
@@ -74,11 +77,19 @@ async fn handoff(endpoints: &[String], addr: SocketAddr, store: &'static str) ->
             .pop()
             .expect("two connections")
     };
-    let samples = common::handoff_rounds(next, MIN_TTL, HANDOFF_ROUNDS).await;
+    let (racing, samples) =
+        common::handoff_rounds_racing_and_settled(next, MIN_TTL, HANDOFF_ROUNDS, SETTLE).await;
     common::print_latencies_against(
-        &format!("hand-off after resign, etcd on {store} (ttl {MIN_TTL:?}, two connections)"),
+        &format!(
+            "hand-off after resign, etcd on {store} (ttl {MIN_TTL:?}, two connections), \
+             the follower settled for {SETTLE:?}"
+        ),
         &samples,
         "median <= 2 ms",
+    );
+    common::print_latencies(
+        "  the same, resigning as soon as the follower reports Follower (racing its watch's set-up)",
+        &racing,
     );
     // A hand-off waits for two writes to etcd's WAL (the release, the new term), each fsynced.
     let after = scrape(addr).await;
@@ -104,7 +115,7 @@ struct Handoff {
     /// Where etcd keeps its data.
     store: &'static str,
     library: Option<Duration>,
-    /// The plain client's delete -> watch event -> range -> txn.
+    /// The plain client's delete -> watch event.
     floor: Option<Duration>,
     /// etcd's mean WAL fsync during the library's rounds.
     fsync: Option<Duration>,
@@ -126,7 +137,7 @@ impl Handoff {
             _ => "-".to_owned(),
         };
         println!(
-            "hand-off against the floor, etcd on {} (WAL fsync {}): median {} / {} = {ratio}",
+            "settled hand-off against the floor (delete -> watch event), etcd on {} (WAL fsync {}): median {} / {} = {ratio}",
             self.store,
             ms(self.fsync),
             ms(self.library),
@@ -135,40 +146,55 @@ impl Handoff {
     }
 }
 
-/// The store's part of a hand-off, with a plain etcd client: the leader deletes its key; the
-/// follower, watching it, reads the candidates and rewrites its own key in a transaction, as
-/// the new leader does to mark its term. What the library cannot go below on this machine.
-/// Returns the median of the whole sequence.
+/// The store's part of a hand-off, with a plain etcd client: the leader deletes its key, and
+/// the follower, watching it, receives the delete. That is all a settled hand-off needs from
+/// etcd (the follower next in line wins on the event), so it is what the library cannot go
+/// below on this machine. Also printed: the delete's own answer, and the longer sequence with
+/// a read and a transaction after the event (the recipe of etcd's own concurrency package).
+/// Returns the median of delete -> watch event.
 async fn store_floor(endpoints: &[String]) -> Option<Duration> {
     let client = || etcd_client::Client::connect(endpoints, None);
     let (Ok(mut leader), Ok(mut follower)) = (client().await, client().await) else {
         println!("  etcd floor: could not connect");
         return None;
     };
-    let mut handoffs = Vec::with_capacity(FLOOR_ROUNDS);
+    let mut events = Vec::with_capacity(FLOOR_ROUNDS);
     let mut deletes = Vec::with_capacity(FLOOR_ROUNDS);
+    let mut sequences = Vec::with_capacity(FLOOR_ROUNDS);
     for round in 0..FLOOR_ROUNDS {
         let Ok(Some(sample)) = floor_round(&mut leader, &mut follower, round).await else {
             println!("  etcd floor: round {round} failed");
             break;
         };
-        handoffs.push(sample.0);
-        deletes.push(sample.1);
+        events.push(sample.event);
+        deletes.push(sample.deleted);
+        sequences.push(sample.sequence);
     }
+    common::print_latencies("  etcd floor, plain client: delete -> watch event", &events);
+    common::print_latencies("  etcd floor, plain client: the delete's answer", &deletes);
     common::print_latencies(
         "  etcd floor, plain client: delete -> watch event -> range -> txn",
-        &handoffs,
+        &sequences,
     );
-    common::print_latencies("  etcd floor, plain client: one delete", &deletes);
-    common::median(&handoffs)
+    common::median(&events)
 }
 
-/// One round of [`store_floor`]: the whole sequence, and the delete alone.
+/// One round of [`store_floor`], each time from the delete's start.
+struct FloorSample {
+    /// Until the follower's watch delivered the delete.
+    event: Duration,
+    /// Until the delete was answered.
+    deleted: Duration,
+    /// Until the follower also read the range and rewrote its key in a transaction.
+    sequence: Duration,
+}
+
+/// One round of [`store_floor`].
 async fn floor_round(
     leader: &mut etcd_client::Client,
     follower: &mut etcd_client::Client,
     round: usize,
-) -> Result<Option<(Duration, Duration)>, etcd_client::Error> {
+) -> Result<Option<FloorSample>, etcd_client::Error> {
     let range = format!("bench/floor/{round}@");
     let (mine, theirs) = (format!("{range}b"), format!("{range}a"));
     leader.put(theirs.clone(), "a", None).await?;
@@ -178,22 +204,31 @@ async fn floor_round(
     let mut watch = follower.watch(theirs.clone(), Some(options)).await?;
     // The first answer confirms the watch; then let it settle.
     watch.message().await?;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(SETTLE).await;
     let start = Instant::now();
-    leader.delete(theirs, None).await?;
-    let deleted = start.elapsed();
-    loop {
-        let Some(answer) = watch.message().await? else {
-            return Ok(None);
-        };
-        if answer
-            .events()
-            .iter()
-            .any(|e| e.event_type() == EventType::Delete)
-        {
-            break;
+    let (deleted, event) = tokio::join!(
+        async {
+            let answer = leader.delete(theirs, None).await;
+            answer.map(|_| start.elapsed())
+        },
+        async {
+            loop {
+                let Some(answer) = watch.message().await? else {
+                    return Ok::<_, etcd_client::Error>(None);
+                };
+                if answer
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return Ok(Some(start.elapsed()));
+                }
+            }
         }
-    }
+    );
+    let (deleted, Some(event)) = (deleted?, event?) else {
+        return Ok(None);
+    };
     let options = GetOptions::new().with_prefix();
     follower.get(range.clone(), Some(options)).await?;
     let txn = Txn::new()
@@ -204,9 +239,13 @@ async fn floor_round(
         )])
         .and_then([TxnOp::put(mine.clone(), "b, leading", None)]);
     follower.txn(txn).await?;
-    let handoff = start.elapsed();
+    let sequence = start.elapsed();
     follower.delete(mine, None).await?;
-    Ok(Some((handoff, deleted)))
+    Ok(Some(FloorSample {
+        event,
+        deleted,
+        sequence,
+    }))
 }
 
 /// The leader's runtime, with its connection, is dropped mid-flight at etcd's smallest ttl.

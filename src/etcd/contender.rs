@@ -5,7 +5,7 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::session::{Lease, free_key};
-use super::watch::{Follow, Retry, Seen, Target};
+use super::watch::{Follow, Retry, Seen, Start, Target};
 use super::{EtcdBackend, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
@@ -23,7 +23,10 @@ const LEASE_CHECKS: usize = 3;
 ///   with the lowest create revision leads, and its create revision is the fencing token.
 ///   Calling it again while leading returns the same token.
 /// - [`wait`](Contender::wait) watches the delete of the key just ahead of ours (and of our
-///   own), from the revision of the read that found it.
+///   own), and reads the range once more when etcd confirms the watch. When the key ahead
+///   was the holder, its delete seen before any delete of ours makes us the holder, and the
+///   next `acquire` wins without reading the range again: a hand-off costs the old leader's
+///   delete and one watch event.
 /// - [`lost`](Contender::lost) watches the election's range while leading.
 /// - [`release`](Contender::release) deletes the key; a missing key is not an error.
 pub struct EtcdContender {
@@ -43,6 +46,9 @@ pub struct EtcdContender {
     waiting: Option<Waiting>,
     /// While leading: the watch on the election's range.
     leading: Option<Follow>,
+    /// `wait` saw the delete of the only key older than ours, ahead of any delete of ours, at
+    /// this revision: from then on we lead, without reading the range again.
+    promoted: Option<i64>,
     /// A loss seen by [`lost`](Contender::lost) and not yet reported, so that dropping its
     /// future while it asks about the lease loses nothing.
     noticed: Option<Noticed>,
@@ -53,6 +59,9 @@ struct Waiting {
     /// The predecessor's create revision: a key of the same name written later is another
     /// candidacy, behind ours.
     predecessor_created: i64,
+    /// The predecessor was the holder, the only key older than ours: its delete alone makes
+    /// us the holder (keys older than ours can only go, never come).
+    next_in_line: bool,
     follow: Follow,
 }
 
@@ -94,6 +103,7 @@ impl EtcdContender {
             won: false,
             waiting: None,
             leading: None,
+            promoted: None,
             noticed: None,
         }
     }
@@ -124,6 +134,7 @@ impl EtcdContender {
         self.won = false;
         self.waiting = None;
         self.leading = None;
+        self.promoted = None;
         self.noticed = None;
     }
 
@@ -257,6 +268,25 @@ impl EtcdContender {
         }
     }
 
+    /// We hold the lock with our key, created at `created`, as seen at `revision`: watch the
+    /// range from there while leading, and mark the term in the key's value unless it was
+    /// written just now (then it says so already).
+    fn win(&mut self, created: i64, revision: i64, fresh: bool) -> Attempt {
+        if !self.won {
+            if !fresh {
+                self.mark_term(created);
+            }
+            self.won = true;
+            self.waiting = None;
+            let range = Target::Prefix(self.range.clone().into_bytes());
+            let start = Start::After(revision + 1);
+            self.leading = Some(Follow::new(&self.backend, vec![range], false, start));
+        }
+        Attempt::Won {
+            fencing_token: token_of(created),
+        }
+    }
+
     /// Whether the keep-alive already heard from etcd that the lease is gone.
     fn lease_lost(&self) -> bool {
         matches!(
@@ -269,6 +299,11 @@ impl EtcdContender {
 impl Contender for EtcdContender {
     async fn acquire(&mut self) -> Result<Attempt> {
         self.noticed = None;
+        if let Some(revision) = self.promoted.take()
+            && let Some(created) = self.created
+        {
+            return Ok(self.win(created, revision, false));
+        }
         for _ in 0..MAX_WRITES {
             let fresh = self.created.is_none();
             if fresh {
@@ -288,46 +323,39 @@ impl Contender for EtcdContender {
             self.created = Some(created);
             let first = &queue.candidates[0];
             if first.key() == self.key.as_bytes() {
-                if !self.won {
-                    if !fresh {
-                        self.mark_term(created);
-                    }
-                    self.won = true;
-                    self.waiting = None;
-                    self.leading = Some(Follow::new(
-                        &self.backend,
-                        vec![Target {
-                            key: self.range.clone().into_bytes(),
-                            prefix: true,
-                        }],
-                        false,
-                    ));
-                }
-                return Ok(Attempt::Won {
-                    fencing_token: token_of(created),
-                });
+                return Ok(self.win(created, queue.revision, fresh));
             }
             self.won = false;
             self.leading = None;
-            let predecessor = queue
+            let older = queue
                 .candidates
                 .iter()
-                .take_while(|kv| kv.create_revision() < created)
-                .last()
-                .unwrap_or(first);
+                .take_while(|kv| kv.create_revision() < created);
+            let next_in_line = older.clone().count() == 1;
+            let predecessor = older.last().unwrap_or(first);
             let predecessor_created = predecessor.create_revision();
             let predecessor = String::from_utf8_lossy(predecessor.key()).into_owned();
-            let targets = [&predecessor, &self.key]
-                .into_iter()
-                .map(|key| Target {
-                    key: key.clone().into_bytes(),
-                    prefix: false,
-                })
-                .collect();
+            // Next in line, one watch on the keys from the predecessor's to ours delivers
+            // their deletes in revision order, so that the predecessor's delete proves ours
+            // was still there. (Other keys in between are followers behind us; their deletes
+            // are ignored.) Further back, two watches: any delete means reading again.
+            let (own, theirs) = (
+                self.key.clone().into_bytes(),
+                predecessor.clone().into_bytes(),
+            );
+            let targets = if next_in_line {
+                vec![Target::Between(
+                    own.clone().min(theirs.clone()),
+                    own.max(theirs),
+                )]
+            } else {
+                vec![Target::Key(theirs), Target::Key(own)]
+            };
             self.waiting = Some(Waiting {
                 predecessor,
                 predecessor_created,
-                follow: Follow::new(&self.backend, targets, true),
+                next_in_line,
+                follow: Follow::new(&self.backend, targets, true, Start::Now),
             });
             return Ok(Attempt::Held {
                 holder: Some(leader_of(first)),
@@ -347,8 +375,26 @@ impl Contender for EtcdContender {
         };
         loop {
             match waiting.follow.next().await {
-                // Only deletes are watched: the predecessor or our own key went.
-                Ok(Seen::Events(_)) => break,
+                // Only deletes are watched, in revision order.
+                Ok(Seen::Events(events)) => {
+                    // A response holds whole revisions: if ours went in the same revision as
+                    // the predecessor's (or later), this is no promotion.
+                    // When each key went, if it did.
+                    let gone = |key: &[u8]| {
+                        events
+                            .iter()
+                            .filter_map(|e| e.kv())
+                            .find(|kv| kv.key() == key)
+                            .map(|kv| kv.mod_revision())
+                    };
+                    let ours = gone(self.key.as_bytes());
+                    let theirs = gone(waiting.predecessor.as_bytes());
+                    if ours.is_none() && theirs.is_none() {
+                        continue;
+                    }
+                    self.promoted = theirs.filter(|_| ours.is_none() && waiting.next_in_line);
+                    break;
+                }
                 Ok(Seen::Gap) => {}
                 Err(error) => {
                     tracing::debug!(%error, "the predecessor watch broke; re-reading");
@@ -452,6 +498,7 @@ impl Contender for EtcdContender {
         self.waiting = None;
         self.leading = None;
         self.won = false;
+        self.promoted = None;
         self.noticed = None;
         if self.created.is_none() {
             return Ok(());

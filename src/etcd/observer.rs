@@ -3,7 +3,7 @@
 
 use etcd_client::{Event, EventType, KeyValue};
 
-use super::watch::{Follow, Seen, Target};
+use super::watch::{Follow, Seen, Start, Target};
 use super::{EtcdBackend, leader_of};
 use crate::Result;
 use crate::backend::{Leader, Observer};
@@ -62,11 +62,9 @@ impl EtcdObserver {
         match self.follow.as_mut() {
             Some(follow) => follow.read_at(revision),
             None => {
-                let target = Target {
-                    key: self.range.clone().into_bytes(),
-                    prefix: true,
-                };
-                self.follow = Some(Follow::new(&self.backend, vec![target], false));
+                let target = Target::Prefix(self.range.clone().into_bytes());
+                let start = Start::After(revision + 1);
+                self.follow = Some(Follow::new(&self.backend, vec![target], false, start));
             }
         }
         Ok(())

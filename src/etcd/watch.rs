@@ -187,10 +187,13 @@ fn deliver(routes: &mut HashMap<i64, UnboundedSender<Message>>, response: WatchR
 
 /// What a [`Follow`] watches.
 #[derive(Clone, Debug)]
-pub(super) struct Target {
-    pub key: Vec<u8>,
-    /// Every key under `key`, rather than `key` alone.
-    pub prefix: bool,
+pub(super) enum Target {
+    /// One key.
+    Key(Vec<u8>),
+    /// Every key that starts with these bytes.
+    Prefix(Vec<u8>),
+    /// Every key from the first to the second, both included.
+    Between(Vec<u8>, Vec<u8>),
 }
 
 /// What [`Follow::next`] saw.
@@ -207,16 +210,21 @@ pub(super) enum Seen {
 }
 
 /// Changes to some keys after the owner's last read of them, on the backend's one watch
-/// stream. The watch is created when first needed.
+/// stream. The watch is created when first needed, in one of two ways ([`Start`]):
 ///
-/// Watches are created from "now", and the owner reads again once the server confirms them
-/// ([`Seen::Gap`]). The other way round (a watch from just after the owner's read) would see
-/// the same changes, but etcd serves a watch that starts in the past from a catch-up loop that
-/// runs every 100 ms, so a change made between the read and the watch's creation (a hand-off,
-/// typically) would reach the owner up to 100 ms late. The header of etcd's answer cannot tell
-/// when that happened: etcd reads the revision it reports before it registers the watch. So
-/// the read after the creation is unconditional; it is one read per watch, off the critical
-/// path of a hand-off unless the hand-off raced the watch.
+/// - [`Start::Now`], for a wait whose latency matters (a follower's): the watch starts from
+///   "now", and the owner reads again once the server confirms it ([`Seen::Gap`]). A watch
+///   from just after the owner's read would see the same changes, but etcd serves a watch
+///   that starts in the past from a catch-up loop that runs every 100 ms, so a change made
+///   between the read and the watch's creation (a hand-off, typically) would reach the owner
+///   up to 100 ms late. The header of etcd's answer cannot tell when that happened (etcd
+///   reads the revision it reports before it registers the watch), so the read after the
+///   creation is unconditional: one read per watch, off the critical path of a hand-off
+///   unless the hand-off raced the watch.
+/// - [`Start::After`], where a rare delay of up to 100 ms does not matter (a leader noticing
+///   an operator's delete, an observer): the watch replays the changes since the owner's
+///   read, and needs no second read. If etcd compacted that history meanwhile, the watch is
+///   cancelled and the owner reads again.
 ///
 /// Cancel-safe: dropping a `next` future loses nothing, and the watch stays open for the
 /// next call. Dropping the `Follow` cancels its watches.
@@ -224,6 +232,7 @@ pub(super) struct Follow {
     backend: EtcdBackend,
     targets: Vec<Target>,
     deletes_only: bool,
+    start: Start,
     open: Option<Open>,
     retry: Retry,
 }
@@ -243,6 +252,15 @@ struct Open {
     read_since: bool,
 }
 
+/// Where a [`Follow`]'s watch starts.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Start {
+    /// From the store's revision when the watch is created, followed by a read.
+    Now,
+    /// From this revision (the owner's last read's, plus one).
+    After(i64),
+}
+
 impl Drop for Open {
     fn drop(&mut self) {
         for &id in &self.ids {
@@ -252,12 +270,18 @@ impl Drop for Open {
 }
 
 impl Follow {
-    /// Follows `targets`; only their deletes if `deletes_only`.
-    pub fn new(backend: &EtcdBackend, targets: Vec<Target>, deletes_only: bool) -> Follow {
+    /// Follows `targets` from `start`; only their deletes if `deletes_only`.
+    pub fn new(
+        backend: &EtcdBackend,
+        targets: Vec<Target>,
+        deletes_only: bool,
+        start: Start,
+    ) -> Follow {
         Follow {
             backend: backend.clone(),
             targets,
             deletes_only,
+            start,
             open: None,
             retry: Retry::default(),
         }
@@ -299,7 +323,19 @@ impl Follow {
                     }
                 }
                 Some(Message::Events(events)) if events.is_empty() => {}
-                Some(Message::Events(events)) => return Ok(Seen::Events(events)),
+                Some(Message::Events(events)) => {
+                    if let (Start::After(next), Some(last)) = (
+                        &mut self.start,
+                        events
+                            .iter()
+                            .filter_map(|e| e.kv())
+                            .map(|kv| kv.mod_revision())
+                            .max(),
+                    ) {
+                        *next = (*next).max(last + 1);
+                    }
+                    return Ok(Seen::Events(events));
+                }
                 Some(Message::Cancelled(reason)) => {
                     self.open = None;
                     return Err(error::unavailable(reason));
@@ -324,8 +360,12 @@ impl Follow {
     }
 
     /// Tells the watch that its owner read the targets at `revision`. Resolves a
-    /// [`Seen::Gap`] when the read is at least as recent as the watch.
+    /// [`Seen::Gap`] when the read is at least as recent as the watch; a watch that starts
+    /// [`After`](Start::After) a revision is created again from this read on.
     pub fn read_at(&mut self, revision: i64) {
+        if let Start::After(next) = &mut self.start {
+            *next = (*next).max(revision + 1);
+        }
         if let Some(open) = self.open.as_mut()
             && open.unconfirmed == 0
             && revision >= open.created
@@ -349,13 +389,23 @@ impl Follow {
             unconfirmed: self.targets.len(),
             deadline: Instant::now() + self.backend.request_timeout(),
             created: 0,
-            read_since: false,
+            // A replaying watch misses nothing since the owner's read.
+            read_since: matches!(self.start, Start::After(_)),
         };
         for target in &self.targets {
-            let mut options = WatchOptions::new();
-            if target.prefix {
-                options = options.with_prefix();
-            }
+            let (key, options) = match target {
+                Target::Key(key) => (key.clone(), WatchOptions::new()),
+                Target::Prefix(key) => (key.clone(), WatchOptions::new().with_prefix()),
+                Target::Between(first, last) => {
+                    let mut end = last.clone();
+                    end.push(0);
+                    (first.clone(), WatchOptions::new().with_range(end))
+                }
+            };
+            let mut options = match self.start {
+                Start::Now => options,
+                Start::After(revision) => options.with_start_revision(revision),
+            };
             if self.deletes_only {
                 options = options.with_filters([WatchFilterType::NoPut]);
             }
@@ -363,7 +413,7 @@ impl Follow {
             open.ids.push(id);
             let request = Request::Create {
                 id,
-                key: target.key.clone(),
+                key,
                 options,
                 route: route.clone(),
             };
