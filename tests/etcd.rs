@@ -556,6 +556,33 @@ async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_elections_than_request_slots_all_lead_and_stop() {
+    let elections = 3 * incumbent::etcd::MAX_REQUESTS_IN_FLIGHT;
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaigns: Vec<Campaign> = (0..elections)
+        .map(|i| election(&backend, &format!("burst/{i}"), "host-a", TTL).campaign())
+        .collect();
+    for campaign in &mut campaigns {
+        elected(campaign, PATIENCE).await;
+    }
+    let options = GetOptions::new().with_prefix().with_count_only();
+    let keys = client
+        .get("incumbent/burst/", Some(options))
+        .await
+        .expect("count");
+    assert_eq!(keys.count(), elections as i64, "one key per election");
+    futures_util::future::join_all(campaigns.into_iter().map(Campaign::shutdown)).await;
+    let options = GetOptions::new().with_prefix().with_count_only();
+    let keys = client
+        .get("incumbent/burst/", Some(options))
+        .await
+        .expect("count");
+    assert_eq!(keys.count(), 0, "every key released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
     let etcd = EtcdServer::single().await;
     let mut client = operator(&etcd.endpoints()).await;

@@ -154,12 +154,12 @@ impl EtcdContender {
                 Some(self.put_options()),
             )])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        let response = error::within(
-            self.backend.request_timeout(),
-            "writing the candidate key",
-            async { self.backend.kv().txn(txn).await },
-        )
-        .await?;
+        let backend = &self.backend;
+        let response = backend
+            .request("writing the candidate key", || async {
+                backend.kv().txn(txn).await
+            })
+            .await?;
         if response.succeeded() {
             self.created = response.header().map(|h| h.revision());
             return Ok(());
@@ -201,10 +201,13 @@ impl EtcdContender {
                 self.value(Some(created)),
                 Some(self.put_options()),
             )]);
-        let mut kv = self.backend.kv();
-        let limit = self.backend.request_timeout();
+        let backend = self.backend.clone();
         tokio::spawn(async move {
-            let marked = error::within(limit, "marking the start of the term", kv.txn(txn)).await;
+            let marked = backend
+                .request("marking the start of the term", || async {
+                    backend.kv().txn(txn).await
+                })
+                .await;
             if let Err(error) = marked {
                 tracing::debug!(%error, "could not mark the start of the term in the key's value");
             }
@@ -218,15 +221,15 @@ impl EtcdContender {
         }
         let mut retry = Retry::default();
         for _ in 0..LEASE_CHECKS {
-            let checked = error::within(
-                self.backend.request_timeout(),
-                "checking the lease",
-                async {
-                    let mut client = self.backend.lease_client();
-                    client.time_to_live(self.lease.id, None).await
-                },
-            )
-            .await;
+            let backend = &self.backend;
+            let checked = backend
+                .request("checking the lease", || async {
+                    backend
+                        .lease_client()
+                        .time_to_live(self.lease.id, None)
+                        .await
+                })
+                .await;
             match checked {
                 Ok(response) if response.ttl() <= 0 => return LockLoss::SessionLost,
                 Ok(_) => return LockLoss::Deleted,
@@ -474,10 +477,10 @@ impl Contender for EtcdContender {
                 self.value(Some(created)),
                 Some(self.put_options()),
             )]);
-        let written = error::within(self.backend.request_timeout(), "proclaiming", async {
-            self.backend.kv().txn(txn).await
-        })
-        .await;
+        let backend = &self.backend;
+        let written = backend
+            .request("proclaiming", || async { backend.kv().txn(txn).await })
+            .await;
         match written {
             Ok(response) if response.succeeded() => Ok(()),
             Ok(_) => {
@@ -503,12 +506,12 @@ impl Contender for EtcdContender {
         if self.created.is_none() {
             return Ok(());
         }
-        error::within(
-            self.backend.request_timeout(),
-            "deleting the candidate key",
-            async { self.backend.kv().delete(self.key.clone(), None).await },
-        )
-        .await?;
+        let backend = &self.backend;
+        backend
+            .request("deleting the candidate key", || async {
+                backend.kv().delete(self.key.clone(), None).await
+            })
+            .await?;
         self.forget();
         Ok(())
     }

@@ -110,6 +110,7 @@ mod watch;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 use etcd_client::{Client, GetOptions, KeyValue, KvClient, LeaseClient, SortOrder, SortTarget};
 
@@ -129,6 +130,13 @@ const NAME: &str = "etcd";
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 /// The largest ttl accepted: a day. A leader that dies is replaced after up to this long.
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
+
+/// How many requests (reads, writes, lease grants and revocations) one [`EtcdBackend`] has in
+/// flight at most; more wait their turn. A thousand elections that start together, or
+/// re-read together after the cluster came back, then send their requests in waves instead
+/// of all at once, which spares the cluster a burst and this process the buffers of a
+/// thousand concurrent calls. Lease keep-alives and watches do not wait for a slot.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 
 /// Separates the election name from the lease id in a candidate key. Not allowed in election
 /// names, so one election's range never includes another's.
@@ -151,6 +159,8 @@ struct Inner {
     leases: SessionPool<session::Lease>,
     /// The one watch stream that every watch of this backend shares.
     watches: watch::Hub,
+    /// One permit per request that may be in flight ([`MAX_REQUESTS_IN_FLIGHT`]).
+    slots: Semaphore,
 }
 
 /// What the backend keeps of its settings after connecting: no secrets.
@@ -219,6 +229,7 @@ impl EtcdBackend {
                 settings,
                 leases: SessionPool::default(),
                 watches: watch::Hub::default(),
+                slots: Semaphore::new(MAX_REQUESTS_IN_FLIGHT),
             }),
         }
     }
@@ -235,11 +246,29 @@ impl EtcdBackend {
         self.inner.settings.request_timeout
     }
 
+    /// Runs one request to etcd: waits for a slot (see [`MAX_REQUESTS_IN_FLIGHT`]), then gives
+    /// the request the request timeout. `make` builds the request's future once a slot is
+    /// free, and the future is boxed, so a request costs the future that awaits it a closure
+    /// and a pointer, not the kilobytes of a gRPC call.
+    async fn request<T, F, Fut>(&self, what: &str, make: F) -> Result<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let _slot = self
+            .inner
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| error::unavailable("the backend's request slots are closed"))?;
+        error::within(self.request_timeout(), what, make()).await
+    }
+
     /// One cheap read of the prefix: proves the cluster answers and the user may read.
     async fn probe(&self) -> Result<()> {
         let options = GetOptions::new().with_prefix().with_count_only();
         let prefix = self.inner.settings.prefix.clone();
-        error::within(self.request_timeout(), "reading the key prefix", async {
+        self.request("reading the key prefix", || async {
             self.kv().get(prefix, Some(options)).await
         })
         .await
@@ -251,10 +280,11 @@ impl EtcdBackend {
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let mut response = error::within(self.request_timeout(), "reading the candidates", async {
-            self.kv().get(range, Some(options)).await
-        })
-        .await?;
+        let mut response = self
+            .request("reading the candidates", || async {
+                self.kv().get(range, Some(options)).await
+            })
+            .await?;
         let revision = response.header().map_or(0, |h| h.revision());
         Ok(Queue {
             revision,
@@ -268,10 +298,11 @@ impl EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let mut response = error::within(self.request_timeout(), "reading the leader", async {
-            self.kv().get(range, Some(options)).await
-        })
-        .await?;
+        let mut response = self
+            .request("reading the leader", || async {
+                self.kv().get(range, Some(options)).await
+            })
+            .await?;
         let revision = response.header().map_or(0, |h| h.revision());
         Ok((revision, response.take_kvs().into_iter().next()))
     }

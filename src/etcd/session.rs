@@ -47,16 +47,14 @@ impl Poolable for Lease {
         self.keepalive.stop();
         let backend = &self.backend;
         let id = self.id;
-        let revoking = Box::pin(async { backend.lease_client().revoke(id).await });
-        match tokio::time::timeout(backend.request_timeout(), revoking).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if error::is_lease_not_found(&e) => Ok(()),
-            Ok(Err(e)) => Err(error::from_client(e)),
-            Err(_) => Err(error::unavailable(format!(
-                "revoking lease {id:x}: no answer within {:?}; it expires by itself",
-                backend.request_timeout()
-            ))),
-        }
+        backend
+            .request("revoking the lease (it expires by itself)", || async {
+                match backend.lease_client().revoke(id).await {
+                    Err(e) if error::is_lease_not_found(&e) => Ok(()),
+                    other => other.map(drop),
+                }
+            })
+            .await
     }
 }
 
@@ -89,16 +87,17 @@ pub(super) async fn open(backend: &EtcdBackend, options: &SessionOptions) -> Res
 async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease> {
     let ttl = whole_seconds(options.ttl);
     let sent = Instant::now();
-    let granted = error::within(backend.request_timeout(), "granting a lease", async {
-        backend.lease_client().grant(ttl, None).await
-    })
-    .await
-    .map_err(|e| match e {
-        Error::Store { reason, .. } if reason.contains("lease TTL") => Error::InvalidTiming {
-            reason: format!("etcd refused a lease of {ttl} s: {reason}; choose another .ttl()"),
-        },
-        other => other,
-    })?;
+    let granted = backend
+        .request("granting a lease", || async {
+            backend.lease_client().grant(ttl, None).await
+        })
+        .await
+        .map_err(|e| match e {
+            Error::Store { reason, .. } if reason.contains("lease TTL") => Error::InvalidTiming {
+                reason: format!("etcd refused a lease of {ttl} s: {reason}; choose another .ttl()"),
+            },
+            other => other,
+        })?;
     let id = granted.id();
     tracing::debug!(lease = %format_args!("{id:x}"), ttl, granted = granted.ttl(), "lease granted");
     let keepalive = KeepAlive::spawn(NAME, options, sent, renewer(backend.lease_client(), id));
