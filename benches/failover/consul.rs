@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use incumbent::backend::Backend;
 use incumbent::consul::client::{ConsulClient, QueryOptions};
 use incumbent::consul::{BLOCKING_WAIT, ConsulBackend, ConsulConfig, MIN_TTL};
 
@@ -205,9 +206,10 @@ async fn idle(url: &str, addr: SocketAddr) {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let renew = ttl / 3;
+    let divisor = backend(url, None).info().renew_divisor;
+    let renew = ttl / divisor;
     println!(
-        "idle, 1 leader + 9 followers, {IDLE_CANDIDATES} clients (one per process), ttl {ttl:?}, renew every {renew:.3?} (ttl/2, the Consul default): \
+        "idle, 1 leader + 9 followers, {IDLE_CANDIDATES} clients (one per process), ttl {ttl:?}, renew every {renew:.3?} (ttl/{divisor}, the Consul default): \
          {:.2} HTTP requests/s to the agent, {per_process:.3}/s per process ({routes} completed in the agent's {METRICS_INTERVAL} s interval at{label}UTC); \
          this process {:.2} ms CPU/s{}",
         total as f64 / secs,
