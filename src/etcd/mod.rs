@@ -41,15 +41,22 @@
 //!   an election name, so the range of election `a` never includes election `a/b`.
 //! - **Followers watch only their predecessor.** A follower watches the delete of the key
 //!   created just before its own, and tries again when it goes: a hand-off wakes exactly one
-//!   candidate, not the whole queue. The watch is created after the read that found the
-//!   predecessor, and the follower reads once more when etcd confirms the watch, so a delete
-//!   in between is neither missed nor late. (Watches start from "now": etcd serves a watch
-//!   that starts at a past revision from a catch-up loop that runs only every 100 ms.) A
-//!   watch that breaks is re-established from a fresh read; it never ends silently.
-//! - **One watch stream per backend.** Every watch of an [`EtcdBackend`] (leaders', followers'
-//!   and observers', of every election) shares one gRPC stream, so a thousand elections cost
-//!   a thousand watch ids, not a thousand HTTP/2 streams. When the stream breaks, every watch
-//!   re-reads and is re-created on a new one.
+//!   candidate, not the whole queue. The follower next in line (its predecessor is the
+//!   holder) watches the keys from the holder's to its own with one watch, whose deletes
+//!   arrive in revision order: the holder's delete, seen before any delete of its own key,
+//!   makes it the holder at that revision, so it wins on the event without another read. A
+//!   hand-off costs one delete and one watch event. The watch is created after the read that
+//!   found the predecessor, and the follower reads once more when etcd confirms the watch, so
+//!   a delete in between is neither missed nor late. (A follower's watch starts from "now":
+//!   etcd serves a watch that starts at a past revision from a catch-up loop that runs only
+//!   every 100 ms.) A watch that breaks is re-established from a fresh read; it never ends
+//!   silently.
+//! - **One watch stream per backend, and bounded requests.** Every watch of an
+//!   [`EtcdBackend`] (leaders', followers' and observers', of every election) shares one gRPC
+//!   stream, so a thousand elections cost a thousand watch ids, not a thousand HTTP/2
+//!   streams. When the stream breaks, every watch re-reads and is re-created on a new one. At
+//!   most [`MAX_REQUESTS_IN_FLIGHT`] other requests are in flight at once; lease keep-alives
+//!   never wait behind them.
 //! - **Losing the key.** The leader watches the election's range: the delete of its key ends
 //!   the term, as [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when an operator deleted
 //!   it, or [`SessionExpired`](crate::DemotionReason::SessionExpired) when the lease is gone
