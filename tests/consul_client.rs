@@ -33,6 +33,14 @@ fn ttl_session(name: &str, lock_delay: Option<Duration>) -> SessionCreate {
     }
 }
 
+/// Creates a ttl session (see [`ttl_session`]) and returns its id.
+async fn session(client: &ConsulClient, name: &str, lock_delay: Option<Duration>) -> String {
+    client
+        .session_create(&ttl_session(name, lock_delay))
+        .await
+        .expect("create a session")
+}
+
 fn acquire(session: &str) -> PutOptions {
     PutOptions {
         acquire: Some(session.into()),
@@ -204,14 +212,8 @@ async fn acquire_release_and_contention() {
     let consul = ConsulDev::start().await;
     let client = client(&consul);
     let key = "service/acquire/leader";
-    let s1 = client
-        .session_create(&ttl_session("s1", Some(Duration::ZERO)))
-        .await
-        .unwrap();
-    let s2 = client
-        .session_create(&ttl_session("s2", Some(Duration::ZERO)))
-        .await
-        .unwrap();
+    let s1 = session(&client, "s1", Some(Duration::ZERO)).await;
+    let s2 = session(&client, "s2", Some(Duration::ZERO)).await;
 
     assert!(client.kv_put(key, b"one", &acquire(&s1)).await.unwrap());
     let entry = client
@@ -287,14 +289,8 @@ async fn lock_delay_blocks_acquisition_after_destroy() {
     let client = client(&consul);
     let key = "service/delay/leader";
     let delay = Duration::from_secs(2);
-    let holder = client
-        .session_create(&ttl_session("holder", Some(delay)))
-        .await
-        .unwrap();
-    let waiter = client
-        .session_create(&ttl_session("waiter", Some(Duration::ZERO)))
-        .await
-        .unwrap();
+    let holder = session(&client, "holder", Some(delay)).await;
+    let waiter = session(&client, "waiter", Some(Duration::ZERO)).await;
 
     assert!(client.kv_put(key, b"h", &acquire(&holder)).await.unwrap());
     client.session_destroy(&holder).await.unwrap();
@@ -320,14 +316,8 @@ async fn lock_delay_zero_allows_immediate_takeover() {
     let consul = ConsulDev::start().await;
     let client = client(&consul);
     let key = "service/nodelay/leader";
-    let holder = client
-        .session_create(&ttl_session("holder", Some(Duration::ZERO)))
-        .await
-        .unwrap();
-    let waiter = client
-        .session_create(&ttl_session("waiter", Some(Duration::ZERO)))
-        .await
-        .unwrap();
+    let holder = session(&client, "holder", Some(Duration::ZERO)).await;
+    let waiter = session(&client, "waiter", Some(Duration::ZERO)).await;
     assert!(client.kv_put(key, b"h", &acquire(&holder)).await.unwrap());
     client.session_destroy(&holder).await.unwrap();
     assert!(client.kv_put(key, b"w", &acquire(&waiter)).await.unwrap());

@@ -227,22 +227,16 @@ async fn hand_off_after_resign_wakes_only_the_successor() {
         sessions.push(session);
         contenders.push(contender);
     }
-    let mut third = contenders.pop().expect("third");
-    let mut second = contenders.pop().expect("second");
+    let third = contenders.pop().expect("third");
+    let second = contenders.pop().expect("second");
     let mut first = contenders.pop().expect("first");
     let first_token = match first.acquire().await.expect("acquire again") {
         Attempt::Won { fencing_token } => fencing_token,
         other => panic!("acquire is idempotent while leading, got {other:?}"),
     };
 
-    let third_waits = tokio::spawn(async move {
-        third.wait().await.expect("wait");
-        third
-    });
-    let second_waits = tokio::spawn(async move {
-        second.wait().await.expect("wait");
-        second
-    });
+    let third_waits = waits(third);
+    let second_waits = waits(second);
     // Let both watches be established before the hand-off.
     sleep(Duration::from_millis(300)).await;
     first.release().await.expect("release");
@@ -290,13 +284,33 @@ async fn queued(
     (session, contender, attempt)
 }
 
+type Queued = (
+    <EtcdBackend as Backend>::Session,
+    <<EtcdBackend as Backend>::Session as Session>::Contender,
+);
+
+/// Queues "a" then "b" in `election`, each on its own connection: "a" holds it, "b" waits.
+async fn holder_and_follower(etcd: &EtcdServer, election: &str) -> (Queued, Queued) {
+    let (a_session, a, won) = queued(etcd, election, "a").await;
+    assert!(matches!(won, Attempt::Won { .. }), "{won:?}");
+    let (b_session, b, held) = queued(etcd, election, "b").await;
+    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    ((a_session, a), (b_session, b))
+}
+
+/// Runs `contender.wait()` in a task that hands the contender back once it returns.
+fn waits<C: Contender + Send + 'static>(mut contender: C) -> tokio::task::JoinHandle<C> {
+    tokio::spawn(async move {
+        contender.wait().await.expect("wait");
+        contender
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_sees_a_delete_that_happened_before_it_started() {
     let etcd = EtcdServer::single().await;
-    let (_a_session, mut a, won) = queued(&etcd, "early-delete", "a").await;
-    assert!(matches!(won, Attempt::Won { .. }), "{won:?}");
-    let (_b_session, mut b, held) = queued(&etcd, "early-delete", "b").await;
-    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    let ((_a_session, mut a), (_b_session, mut b)) =
+        holder_and_follower(&etcd, "early-delete").await;
     // The predecessor goes between b's read and b's watch.
     a.release().await.expect("release");
     timeout(PATIENCE, b.wait())
@@ -313,14 +327,8 @@ async fn wait_sees_a_delete_that_happened_before_it_started() {
 async fn next_in_line_whose_key_went_with_the_holders_does_not_win_on_the_old_key() {
     let etcd = EtcdServer::single().await;
     let mut client = operator(&etcd.endpoints()).await;
-    let (_a_session, _a, won) = queued(&etcd, "same-revision", "a").await;
-    assert!(matches!(won, Attempt::Won { .. }), "{won:?}");
-    let (_b_session, mut b, held) = queued(&etcd, "same-revision", "b").await;
-    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
-    let b_waits = tokio::spawn(async move {
-        b.wait().await.expect("wait");
-        b
-    });
+    let ((_a_session, _a), (_b_session, b)) = holder_and_follower(&etcd, "same-revision").await;
+    let b_waits = waits(b);
     sleep(Duration::from_millis(300)).await;
     // An operator deletes the whole election in one revision: the holder's key and b's.
     let range = connect(&etcd.endpoints())
@@ -350,9 +358,7 @@ async fn next_in_line_whose_key_went_with_the_holders_does_not_win_on_the_old_ke
 async fn wait_survives_a_compacted_start_revision() {
     let etcd = EtcdServer::single().await;
     let mut client = operator(&etcd.endpoints()).await;
-    let (_a_session, mut a, _) = queued(&etcd, "compacted", "a").await;
-    let (_b_session, mut b, held) = queued(&etcd, "compacted", "b").await;
-    assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+    let ((_a_session, mut a), (_b_session, b)) = holder_and_follower(&etcd, "compacted").await;
     // Move the store on and compact past b's read: a watch from just after that read would
     // be refused; b's starts from "now", sees the gap, and reads again.
     for n in 0..5 {
@@ -367,10 +373,7 @@ async fn wait_survives_a_compacted_start_revision() {
         .revision();
     client.compact(revision, None).await.expect("compact");
 
-    let b_waits = tokio::spawn(async move {
-        b.wait().await.expect("wait");
-        b
-    });
+    let b_waits = waits(b);
     sleep(Duration::from_millis(500)).await;
     assert!(
         !b_waits.is_finished(),
