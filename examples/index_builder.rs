@@ -480,7 +480,7 @@ impl WithBackend for Instance {
                         report(json!({"event": "elected", "token": term.fencing_token()}));
                         tokio::spawn(build(term, store.clone()));
                     }
-                    Some(LeadershipEvent::Demoted { fencing_token, reason }) => {
+                    Some(LeadershipEvent::Demoted { fencing_token, reason, .. }) => {
                         report(json!({"event": "demoted", "token": fencing_token, "reason": reason.as_str()}));
                     }
                     Some(LeadershipEvent::LeaderChanged(_)) => {}

@@ -58,7 +58,7 @@ async fn candidate(name: &str, dir: &str) -> Result<(), Box<dyn std::error::Erro
                     report(json!({"event": "elected", "token": term.fencing_token()}));
                     tokio::spawn(work(term));
                 }
-                Some(LeadershipEvent::Demoted { fencing_token, reason }) => {
+                Some(LeadershipEvent::Demoted { fencing_token, reason, .. }) => {
                     report(json!({"event": "demoted", "token": fencing_token, "reason": reason.as_str()}));
                 }
                 Some(LeadershipEvent::LeaderChanged(leader)) => {

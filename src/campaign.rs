@@ -26,7 +26,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::Instrument;
 
 use crate::backend::{
-    Attempt, Backend, Contender, FencingToken, Leader, Observer, Session, SessionHealth,
+    Attempt, Backend, Contender, FencingToken, Leader, Observer, Session, SessionHealth, lock,
     unix_ms_now,
 };
 use crate::config::Config;
@@ -75,22 +75,16 @@ struct Subscribers(Arc<Mutex<Vec<mpsc::UnboundedSender<LeadershipEvent>>>>);
 impl Subscribers {
     fn add(&self) -> Events {
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Ok(mut subs) = self.0.lock() {
-            subs.push(tx);
-        }
+        lock(&self.0).push(tx);
         Events { rx }
     }
 
     fn send(&self, event: &LeadershipEvent) {
-        if let Ok(mut subs) = self.0.lock() {
-            subs.retain(|s| s.send(event.clone()).is_ok());
-        }
+        lock(&self.0).retain(|s| s.send(event.clone()).is_ok());
     }
 
     fn close(&self) {
-        if let Ok(mut subs) = self.0.lock() {
-            subs.clear();
-        }
+        lock(&self.0).clear();
     }
 }
 
@@ -288,6 +282,35 @@ struct Engine<B: Backend> {
     leaderless_since: Instant,
 }
 
+impl<B: Backend> Drop for Engine<B> {
+    fn drop(&mut self) {
+        self.stopped();
+    }
+}
+
+/// The hard stop after an involuntary loss comes this fraction of the ttl (1/10) before the
+/// store can expire the lease: room for the kill to land and for clocks that run at slightly
+/// different rates.
+pub const HARD_STOP_MARGIN_DIVISOR: u32 = 10;
+
+/// Ends its term when dropped, unless it has ended already: a campaign task that panics, or
+/// is dropped with its runtime, leaves no trusted term behind.
+struct InForce(Term);
+
+impl InForce {
+    fn end(&self, stop_by: Option<Instant>) {
+        self.0.end(stop_by);
+    }
+}
+
+impl Drop for InForce {
+    fn drop(&mut self) {
+        if !self.0.is_cancelled() {
+            self.0.end(Some(Instant::now()));
+        }
+    }
+}
+
 type ContenderOf<B> = <<B as Backend>::Session as Session>::Contender;
 
 /// How [`Engine::pursue`] ended.
@@ -377,16 +400,31 @@ impl<B: Backend> Engine<B> {
                 tracing::warn!("could not close the session; the store will expire it");
             }
         }
-        self.status.send_modify(|s| {
-            s.role = Role::Stopped;
-            s.term = None;
-            s.renew_deadline_at = None;
-        });
-        self.subscribers.close();
+        self.stopped();
         for done in self.shutdown_waiters.drain(..) {
             let _ = done.send(());
         }
         tracing::info!("campaign stopped");
+    }
+
+    /// The campaign's end, however it comes: the status says stopped (never leader), and
+    /// every event stream ends. Called again by `Drop` on an unwinding or dropped task.
+    fn stopped(&mut self) {
+        let mut was_leader = false;
+        self.status.send_if_modified(|s| {
+            if s.role == Role::Stopped {
+                return false;
+            }
+            was_leader = matches!(s.role, Role::Leader | Role::SteppingDown);
+            s.role = Role::Stopped;
+            s.term = None;
+            s.renew_deadline_at = None;
+            true
+        });
+        if was_leader {
+            ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
+        }
+        self.subscribers.close();
     }
 
     /// Opens a session, retrying with back-off. `None`: shut down meanwhile.
@@ -571,6 +609,8 @@ impl<B: Backend> Engine<B> {
             since_unix_ms: Some(unix_ms_now()),
         };
         let (term, mut guards) = Term::new(self.config.name.clone(), leader.clone(), fencing_token);
+        // Ends the term however this task ends, a panic or a dropped runtime included.
+        let in_force = InForce(term.clone());
         self.last_token = Some(fencing_token);
         self.recovered();
         ::metrics::counter!(metrics::ELECTIONS_WON, self.labels_base()).increment(1);
@@ -588,13 +628,15 @@ impl<B: Backend> Engine<B> {
 
         let mut health = session.health();
         let mut resign_done = None;
-        let reason = loop {
-            let (confirmed, loss) = {
+        let mut confirmed;
+        let (reason, lock_loss) = loop {
+            let loss = {
                 let h = health.borrow_and_update();
-                (h.confirmed_sent_at, h.lost)
+                confirmed = h.confirmed_sent_at;
+                h.lost
             };
             if let Some(loss) = loss {
-                break DemotionReason::from_session(loss);
+                break (DemotionReason::from_session(loss), None);
             }
             let deadline = confirmed + self.config.renew_deadline;
             self.status.send_modify(|s| {
@@ -606,47 +648,67 @@ impl<B: Backend> Engine<B> {
                 command = self.commands.recv() => match command {
                     Some(Command::Resign { reason, done }) => {
                         resign_done = Some(done);
-                        break reason;
+                        break (reason, None);
                     }
                     Some(Command::Shutdown { done }) => {
                         self.shutdown_waiters.extend(done);
-                        break DemotionReason::Shutdown;
+                        break (DemotionReason::Shutdown, None);
                     }
-                    None => break DemotionReason::Shutdown,
+                    None => break (DemotionReason::Shutdown, None),
                 },
-                loss = contender.lost() => break DemotionReason::from_lock(loss),
+                loss = contender.lost() => break (DemotionReason::from_lock(loss), Some(loss)),
                 changed = health.changed() => if changed.is_err() {
-                    break DemotionReason::ConnectionLost;
+                    break (DemotionReason::ConnectionLost, None);
                 },
-                () = sleep_until(deadline) => break DemotionReason::RenewDeadlineExceeded,
+                () = sleep_until(deadline) => break (DemotionReason::RenewDeadlineExceeded, None),
             }
         };
 
-        // Self-fence first: the worker must stop trusting the term before anything else.
-        term.end();
+        // The term ends first: nothing (no logging, no store round trip, no lock a reader of
+        // the status holds) stands between seeing the loss and cancelling the term, and
+        // `Status::is_leader` turns false with the token, before the status is even updated.
+        let stop_by = self.stop_by(reason, confirmed);
+        in_force.end(stop_by);
+        self.status.send_modify(|s| {
+            s.role = Role::SteppingDown;
+            s.term = None;
+            s.renew_deadline_at = None;
+        });
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
+        self.leaderless_since = Instant::now();
+
+        // Only now ask the store why the lock went, if the backend can tell more.
+        let reason = match lock_loss {
+            Some(loss) => timeout(self.config.renew_interval, contender.explain(loss))
+                .await
+                .map_or(reason, DemotionReason::from_lock),
+            None => reason,
+        };
         ::metrics::counter!(
             metrics::DEMOTIONS,
             self.labels_base_with("reason", reason.as_str())
         )
         .increment(1);
-        self.leaderless_since = Instant::now();
-        self.status.send_modify(|s| {
-            s.term = None;
-            s.renew_deadline_at = None;
-            s.last_demotion = Some(reason);
-        });
+        self.status.send_modify(|s| s.last_demotion = Some(reason));
         span.in_scope(|| tracing::info!(%reason, "demoted"));
         self.subscribers.send(&LeadershipEvent::Demoted {
             fencing_token,
             reason,
+            stop_by,
         });
         drop(term);
 
-        // Graceful hand-off: wait for the term's guards, then release.
-        if timeout(self.config.grace, guards.recv()).await.is_err() {
+        // Graceful hand-off: wait for the term's guards, then release. After an involuntary
+        // loss there is no point waiting past the instant the store may expire the lock.
+        let patience = match stop_by {
+            Some(at) => (at + self.config.ttl / HARD_STOP_MARGIN_DIVISOR)
+                .saturating_duration_since(Instant::now())
+                .min(self.config.grace),
+            None => self.config.grace,
+        };
+        if timeout(patience, guards.recv()).await.is_err() {
             span.in_scope(|| {
-                tracing::warn!(grace = ?self.config.grace, "the term's guards were still held after the grace; releasing anyway")
+                tracing::warn!(waited = ?patience, "the term's guards were still held; releasing anyway")
             });
         }
         let released = matches!(
@@ -665,6 +727,21 @@ impl<B: Backend> Engine<B> {
             let _ = done.send(());
         }
         (reason, released)
+    }
+
+    /// When the work of a term that ended for `reason` must have stopped: see
+    /// [`Term::stop_by`]. `confirmed`: when the last confirmed renewal was sent.
+    fn stop_by(&self, reason: DemotionReason, confirmed: Instant) -> Option<Instant> {
+        match reason {
+            r if r.is_voluntary() => None,
+            // The lease may still be alive in the store: it cannot expire before `confirmed +
+            // ttl`; stop the work a margin before that.
+            DemotionReason::RenewDeadlineExceeded | DemotionReason::ConnectionLost => {
+                Some(confirmed + self.config.ttl - self.config.ttl / HARD_STOP_MARGIN_DIVISOR)
+            }
+            // The store has taken the lock away already: the next leader may be starting.
+            _ => Some(Instant::now()),
+        }
     }
 
     /// Leaves the queue (or releases) and reports a stop.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout_at};
 
 use crate::backend::{Backend, Leader};
 use crate::campaign::{self, Campaign};
@@ -307,7 +307,11 @@ impl<B: Backend> Election<B> {
     /// - On election, the worker is spawned with the new [`Term`].
     /// - On loss, the term's token is cancelled; the worker gets the grace to return, then it
     ///   is aborted; only then is the lock released, so the next leader's worker never
-    ///   overlaps this one.
+    ///   overlaps this one. After an involuntary loss (renew deadline exceeded, session or
+    ///   lock lost) the worker is aborted at the term's [`stop_by`](Term::stop_by) if that
+    ///   comes before the grace ends: before the store can hand the lock on. An abort takes
+    ///   effect at the worker's next `.await`: a worker that blocks a thread cannot be
+    ///   stopped, and must check [`Term::is_cancelled`] itself.
     /// - On re-election, the worker is started again with the new term.
     /// - If the worker returns, fails or panics while leader, the
     ///   [`OnWorkerExit`] policy applies (default: resign and campaign again).
@@ -343,37 +347,23 @@ impl<B: Backend> Election<B> {
         let handle = campaign.handle();
         let grace = self.config.grace;
         tokio::pin!(shutdown);
-        let mut running: Option<(JoinHandle<std::result::Result<(), String>>, Term)> = None;
+        let mut running: Option<Worker> = None;
         loop {
             tokio::select! {
-                event = campaign.recv() => match event {
-                    Some(LeadershipEvent::Elected(term)) => {
-                        let guard = term.hold();
-                        let work = worker(term.clone());
-                        let task = tokio::spawn(async move {
-                            let _guard = guard;
-                            work.await.into_result()
-                        });
-                        running = Some((task, term));
-                    }
-                    Some(LeadershipEvent::Demoted { .. }) => {
-                        if let Some((task, _)) = running.take() {
-                            stop_worker(task, grace).await;
+                news = worker_news(&mut running) => {
+                    let Some(worker) = running.take() else { continue };
+                    let outcome = match news {
+                        // The term ended: the worker was told by its token; stop it in time.
+                        WorkerNews::TermEnded => {
+                            worker.stop(grace).await;
+                            continue;
                         }
-                    }
-                    Some(LeadershipEvent::LeaderChanged(_)) => {}
-                    None => return Err(Error::Stopped),
-                },
-                joined = join(&mut running), if running.is_some() => {
-                    let Some((_, term)) = running.take() else { continue };
-                    let outcome = match joined {
-                        Ok(outcome) => outcome,
-                        Err(e) if e.is_panic() => Err(format!("panicked: {}", panic_message(e))),
-                        Err(e) => Err(e.to_string()),
+                        WorkerNews::Exited(Ok(outcome)) => outcome,
+                        WorkerNews::Exited(Err(e)) if e.is_panic() => {
+                            Err(format!("panicked: {}", panic_message(e)))
+                        }
+                        WorkerNews::Exited(Err(e)) => Err(e.to_string()),
                     };
-                    if term.is_cancelled() {
-                        continue; // the term ended first; its Demoted event is on its way
-                    }
                     let reason = match &outcome {
                         Ok(()) => {
                             tracing::info!("the worker returned while leader");
@@ -393,11 +383,31 @@ impl<B: Backend> Election<B> {
                         }
                     }
                 },
+                event = campaign.recv() => match event {
+                    Some(LeadershipEvent::Elected(term)) => {
+                        let guard = term.hold();
+                        let work = worker(term.clone());
+                        let task = tokio::spawn(async move {
+                            let _guard = guard;
+                            work.await.into_result()
+                        });
+                        running = Some(Worker { task, term });
+                    }
+                    Some(LeadershipEvent::Demoted { .. } | LeadershipEvent::LeaderChanged(_)) => {}
+                    None => {
+                        // The campaign ended by itself (its task failed): its term, if any,
+                        // was ended with it.
+                        if let Some(worker) = running.take() {
+                            worker.stop(grace).await;
+                        }
+                        return Err(Error::Stopped);
+                    }
+                },
                 () = &mut shutdown => {
                     let stopping = handle.shutdown();
                     match running.take() {
-                        Some((task, _)) => {
-                            let (stopped, ()) = tokio::join!(stopping, stop_worker(task, grace));
+                        Some(worker) => {
+                            let (stopped, ()) = tokio::join!(stopping, worker.stop(grace));
                             stopped?;
                         }
                         None => stopping.await?,
@@ -409,24 +419,50 @@ impl<B: Backend> Election<B> {
     }
 }
 
-async fn join(
-    running: &mut Option<(JoinHandle<std::result::Result<(), String>>, Term)>,
-) -> std::result::Result<std::result::Result<(), String>, tokio::task::JoinError> {
-    match running {
-        Some((task, _)) => task.await,
-        None => std::future::pending().await,
+/// The worker of one term.
+struct Worker {
+    task: JoinHandle<std::result::Result<(), String>>,
+    term: Term,
+}
+
+/// What became of the running worker.
+enum WorkerNews {
+    /// Its term ended (the worker may still be running).
+    TermEnded,
+    /// It ended by itself while its term lasted.
+    Exited(std::result::Result<std::result::Result<(), String>, tokio::task::JoinError>),
+}
+
+/// The next news of the running worker; pending while none runs.
+async fn worker_news(running: &mut Option<Worker>) -> WorkerNews {
+    let Some(worker) = running else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        biased;
+        () = worker.term.cancelled() => WorkerNews::TermEnded,
+        joined = &mut worker.task => WorkerNews::Exited(joined),
     }
 }
 
-/// Waits for a cancelled worker for the grace, then aborts it.
-async fn stop_worker(mut task: JoinHandle<std::result::Result<(), String>>, grace: Duration) {
-    if timeout(grace, &mut task).await.is_err() {
-        tracing::warn!(
-            ?grace,
-            "the worker did not stop within the grace after its term ended; aborting it"
-        );
-        task.abort();
-        let _ = task.await;
+impl Worker {
+    /// Waits for the worker of an ended term to return, then aborts it: after the grace, or
+    /// at the term's [`stop_by`](Term::stop_by) if that comes first (an involuntary loss,
+    /// where the store may hand the lock on).
+    async fn stop(mut self, grace: Duration) {
+        let mut until = Instant::now() + grace;
+        if let Some(stop_by) = self.term.stop_by() {
+            until = until.min(stop_by);
+        }
+        if timeout_at(until, &mut self.task).await.is_err() {
+            self.task.abort();
+            let _ = (&mut self.task).await;
+            tracing::warn!(
+                ?grace,
+                stop_by = ?self.term.stop_by().map(|at| at.saturating_duration_since(Instant::now())),
+                "the worker did not stop after its term ended; aborted it"
+            );
+        }
     }
 }
 

@@ -14,12 +14,19 @@ use crate::term::Term;
 pub enum LeadershipEvent {
     /// This candidate became leader. The term's token is cancelled when the term ends.
     Elected(Term),
-    /// This candidate's term ended, with why. Sent after the term's token was cancelled.
+    /// This candidate's term ended, with why. Sent after the term's token was cancelled
+    /// (and after the status stopped saying leader); it may come a moment later than the
+    /// cancellation, which never waits for it. To act on the loss itself, select on
+    /// [`Term::cancelled`].
     Demoted {
         /// The fencing token of the term that ended.
         fencing_token: FencingToken,
         /// Why it ended.
         reason: DemotionReason,
+        /// After an involuntary loss, the instant by which the term's work must have
+        /// stopped: the store may hand the lock on soon after. `None` after a voluntary end.
+        /// The same as [`Term::stop_by`].
+        stop_by: Option<Instant>,
     },
     /// The leader this candidate sees changed (`None`: nobody leads). Also sent for itself.
     /// Shared, since every subscriber gets a copy of every event.
@@ -111,6 +118,9 @@ pub enum Role {
     Follower,
     /// This candidate leads.
     Leader,
+    /// This candidate's term has ended (its token is cancelled): it no longer leads, and is
+    /// stopping the term's work and releasing the lock.
+    SteppingDown,
     /// Waiting before trying again: after a loss, an error, or during a store's lock-delay.
     CoolingDown {
         /// When the next attempt starts.
@@ -128,6 +138,7 @@ impl Role {
             Role::Candidate => "candidate",
             Role::Follower => "follower",
             Role::Leader => "leader",
+            Role::SteppingDown => "stepping_down",
             Role::CoolingDown { .. } => "cooling_down",
             Role::Stopped => "stopped",
         }
@@ -172,8 +183,20 @@ pub struct Status {
 }
 
 impl Status {
-    /// Whether this candidate leads right now.
+    /// Whether this candidate leads right now: its role is [`Role::Leader`] and its term's
+    /// token is not cancelled. This turns false the instant the term is cancelled, even in a
+    /// snapshot taken a moment before, so nothing that reports leadership from a status can
+    /// outlive the term.
     pub fn is_leader(&self) -> bool {
-        self.role == Role::Leader
+        self.role == Role::Leader && self.term.as_ref().is_some_and(|t| !t.is_cancelled())
+    }
+
+    /// The role as it stands now: [`Role::SteppingDown`] for a snapshot that still says
+    /// [`Role::Leader`] but whose term has been cancelled since. Report this one.
+    pub fn current_role(&self) -> Role {
+        match self.role {
+            Role::Leader if !self.is_leader() => Role::SteppingDown,
+            role => role,
+        }
     }
 }

@@ -35,19 +35,18 @@
 //! | `GET /readyz` | this process leads every election asked about | it does not lead one of them |
 //! | `GET /leader` | always: who leads, as this process sees it | never |
 //!
-//! **`/healthz`** is for liveness checks. A campaign is unhealthy when
+//! **`/healthz`** is for liveness checks, and so says only what a restart could mend, as
+//! client-go's leader-election health adaptor does. A campaign is unhealthy when
 //! - it has stopped;
-//! - it leads, but its renew deadline has passed without a confirmed renewal (it is about to
-//!   fence itself);
-//! - its last term ended because no renewal was confirmed within the renew deadline
-//!   ([`DemotionReason::RenewDeadlineExceeded`]), and it has not become a follower or leader
-//!   again since: it cannot get through to the store;
-//! - it has been failing to reach the store for longer than
-//!   [`unreachable_after`](Health::unreachable_after) (default
-//!   [`DEFAULT_UNREACHABLE_AFTER`]), as its [`Problem`](crate::Problem) says.
+//! - it still says it leads more than [`stuck_after`](Health::stuck_after) (default
+//!   [`DEFAULT_STUCK_AFTER`]) past its renew deadline: it should have fenced itself at the
+//!   deadline, so its task is stuck.
 //!
-//! Followers, candidates and campaigns cooling down after a loss are healthy: they are doing
-//! their job.
+//! Store trouble is *not* a reason to restart: a store outage would fail every replica at
+//! once, and restarting them cannot help. A leader that fenced itself, followers and
+//! candidates that cannot reach the store, and campaigns cooling down are healthy: they are
+//! doing their job. Store trouble shows in `/readyz` and `/leader` (`problem`), and in the
+//! [`Status`].
 //!
 //! **`/readyz`** is for load balancers that should route only to the leader: `200` only while
 //! this process leads (and its renew deadline has not passed). With several elections, ask
@@ -89,7 +88,11 @@
 //!
 //! `/healthz` and `/readyz` answer
 //! `{"healthy": bool, "elections": [{"election", "role", "healthy", "reason"?}]}` and
-//! `{"ready": bool, "elections": [{"election", "role", "ready"}]}`.
+//! `{"ready": bool, "elections": [{"election", "role", "ready", "problem"?}]}`.
+//!
+//! Every endpoint reports leadership as [`Status::is_leader`] does: it ends the instant the
+//! term's token is cancelled, and a campaign that is stopping its term's work and releasing
+//! the lock shows the role `stepping_down`.
 
 use crate::time::human;
 use std::collections::BTreeMap;
@@ -107,10 +110,11 @@ use tokio::time::Instant;
 
 use crate::event::{DemotionReason, Role, Status};
 
-/// How long the store may stay unreachable before `/healthz` answers `503`, by default:
-/// long enough to ride out a store's own leader election or a restart, short enough that an
-/// orchestrator notices a lasting partition within a minute.
-pub const DEFAULT_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
+/// How long past its renew deadline a campaign may go on saying it leads before `/healthz`
+/// reports it stuck, by default. The campaign fences itself at the deadline within
+/// milliseconds; seconds without it mean its task no longer runs (a starved or blocked
+/// runtime), which a restart mends.
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(5);
 
 /// Health endpoints for the campaigns of this process. See the [module docs](self).
 ///
@@ -118,7 +122,7 @@ pub const DEFAULT_UNREACHABLE_AFTER: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug)]
 pub struct Health {
     elections: Vec<watch::Receiver<Status>>,
-    unreachable_after: Duration,
+    stuck_after: Duration,
 }
 
 impl Default for Health {
@@ -150,7 +154,7 @@ impl Health {
     pub fn new() -> Self {
         Health {
             elections: Vec::new(),
-            unreachable_after: DEFAULT_UNREACHABLE_AFTER,
+            stuck_after: DEFAULT_STUCK_AFTER,
         }
     }
 
@@ -162,11 +166,10 @@ impl Health {
         self
     }
 
-    /// How long a campaign may fail to reach its store before `/healthz` reports it unhealthy
-    /// (default [`DEFAULT_UNREACHABLE_AFTER`]), counted from the first failure
-    /// ([`Problem::since`](crate::Problem::since)).
-    pub fn unreachable_after(mut self, threshold: Duration) -> Self {
-        self.unreachable_after = threshold;
+    /// How long past its renew deadline a campaign may go on saying it leads before
+    /// `/healthz` reports it stuck (default [`DEFAULT_STUCK_AFTER`]).
+    pub fn stuck_after(mut self, threshold: Duration) -> Self {
+        self.stuck_after = threshold;
         self
     }
 
@@ -216,44 +219,20 @@ impl Health {
             .collect())
     }
 
-    /// Why a campaign is unhealthy, or `None` when it is healthy.
+    /// Why a campaign is unhealthy, or `None` when it is healthy: only what a restart mends.
     fn diagnose(&self, status: &Status, now: Instant) -> Option<String> {
         if status.role == Role::Stopped {
             return Some("the campaign has stopped".into());
         }
         if status.role == Role::Leader
             && let Some(deadline) = status.renew_deadline_at
-            && deadline <= now
+            && now.saturating_duration_since(deadline) > self.stuck_after
         {
             return Some(format!(
-                "the leader has not confirmed its lease for longer than its renew deadline \
-                 (passed {} ago); it is fencing itself",
+                "the campaign still says it leads {} after its renew deadline, when it should \
+                 have fenced itself; its task is stuck",
                 human(now - deadline)
             ));
-        }
-        if status.last_demotion == Some(DemotionReason::RenewDeadlineExceeded)
-            && !matches!(status.role, Role::Leader | Role::Follower)
-        {
-            return Some(format!(
-                "the last term ended because no renewal was confirmed within the renew deadline, \
-                 and the campaign has not reached the store since{}",
-                status
-                    .problem
-                    .as_ref()
-                    .map(|p| format!(": {}", p.message))
-                    .unwrap_or_default()
-            ));
-        }
-        if let Some(problem) = &status.problem {
-            let failing = now.saturating_duration_since(problem.since);
-            if failing >= self.unreachable_after {
-                return Some(format!(
-                    "the store has been failing for {} (threshold {}): {}",
-                    human(failing),
-                    human(self.unreachable_after),
-                    problem.message
-                ));
-            }
         }
         None
     }
@@ -271,7 +250,7 @@ async fn healthz(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) -
             let reason = health.diagnose(s, now);
             HealthReport {
                 election: &s.election,
-                role: s.role.as_str(),
+                role: s.current_role().as_str(),
                 healthy: reason.is_none(),
                 reason,
             }
@@ -291,8 +270,9 @@ async fn readyz(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) ->
         .iter()
         .map(|s| ReadyReport {
             election: &s.election,
-            role: s.role.as_str(),
+            role: s.current_role().as_str(),
             ready: s.is_leader() && s.renew_deadline_at.is_none_or(|d| d > now),
+            problem: s.problem.as_ref().map(|p| p.message.as_str()),
         })
         .collect();
     let ready = !elections.is_empty() && elections.iter().all(|e| e.ready);
@@ -449,6 +429,9 @@ struct ReadyReport<'a> {
     election: &'a str,
     role: &'static str,
     ready: bool,
+    /// The store trouble the campaign is working around, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -530,7 +513,7 @@ impl<'a> LeaderReport<'a> {
                 id: &s.candidate.id,
                 metadata: &s.candidate.metadata,
             },
-            role: s.role.as_str(),
+            role: s.current_role().as_str(),
             is_leader: s.is_leader(),
             healthy,
             leader: s.leader.as_ref().map(|l| {
@@ -543,7 +526,7 @@ impl<'a> LeaderReport<'a> {
                     since_unix_ms,
                 }
             }),
-            term: s.term.as_ref().map(|t| {
+            term: s.term.as_ref().filter(|t| !t.is_cancelled()).map(|t| {
                 let started = Time::new(t.started_at());
                 TermInfo {
                     fencing_token: t.fencing_token(),
@@ -583,5 +566,49 @@ mod tests {
         assert_eq!(elections_in(""), Some(vec![]));
         assert_eq!(elections_in("election=%zz"), None);
         assert_eq!(elections_in("election=%ff"), None);
+    }
+
+    fn status(role: Role, renew_deadline_at: Option<Instant>) -> Status {
+        Status {
+            election: "jobs/index".into(),
+            candidate: crate::Candidate {
+                id: "a".into(),
+                metadata: BTreeMap::new(),
+            },
+            role,
+            leader: None,
+            term: None,
+            last_renewal: None,
+            renew_deadline_at,
+            problem: Some(crate::Problem {
+                message: "the store is unreachable".into(),
+                since: Instant::now(),
+                since_wall: SystemTime::now(),
+            }),
+            last_demotion: Some(DemotionReason::RenewDeadlineExceeded),
+        }
+    }
+
+    #[test]
+    fn only_a_stuck_or_stopped_campaign_is_unhealthy() {
+        let health = Health::new().stuck_after(Duration::from_secs(5));
+        let now = Instant::now() + Duration::from_secs(60);
+        let stuck = status(Role::Leader, Some(now - Duration::from_secs(6)));
+        let reason = health.diagnose(&stuck, now).expect("stuck");
+        assert!(reason.contains("stuck"), "{reason}");
+        assert!(health.diagnose(&status(Role::Stopped, None), now).is_some());
+        // About to fence itself, fenced, or unable to reach the store: healthy.
+        let fencing = status(Role::Leader, Some(now - Duration::from_secs(4)));
+        assert_eq!(health.diagnose(&fencing, now), None);
+        for role in [
+            Role::Follower,
+            Role::Candidate,
+            Role::Connecting,
+            Role::SteppingDown,
+        ] {
+            assert_eq!(health.diagnose(&status(role, None), now), None, "{role:?}");
+        }
+        let cooling = Role::CoolingDown { until: now };
+        assert_eq!(health.diagnose(&status(cooling, None), now), None);
     }
 }

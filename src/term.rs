@@ -1,6 +1,6 @@
 //! [`Term`]: one stretch of leadership, as the application holds it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use tokio::sync::mpsc;
@@ -43,6 +43,8 @@ struct Inner {
     started: Instant,
     started_at: SystemTime,
     cancel: CancellationToken,
+    /// Set, before the token is cancelled, when the term ends involuntarily.
+    stop_by: OnceLock<Instant>,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
     holds: Mutex<Option<mpsc::Sender<()>>>,
 }
@@ -73,6 +75,7 @@ impl Term {
                 started: Instant::now(),
                 started_at: SystemTime::now(),
                 cancel: CancellationToken::new(),
+                stop_by: OnceLock::new(),
                 holds: Mutex::new(Some(tx)),
             }),
         };
@@ -80,7 +83,12 @@ impl Term {
     }
 
     /// Cancels the token and stops handing out guards. Returns once nothing else can hold.
-    pub(crate) fn end(&self) {
+    /// `stop_by`: after an involuntary loss, when the work must have stopped; it is set
+    /// before the token is cancelled, so whoever sees the cancellation sees it too.
+    pub(crate) fn end(&self, stop_by: Option<Instant>) {
+        if let Some(at) = stop_by {
+            let _ = self.inner.stop_by.set(at);
+        }
         self.inner.cancel.cancel();
         if let Ok(mut holds) = self.inner.holds.lock() {
             holds.take();
@@ -110,6 +118,21 @@ impl Term {
     /// When the term began, by the wall clock.
     pub fn started_at(&self) -> SystemTime {
         self.inner.started_at
+    }
+
+    /// After an involuntary loss (renew deadline exceeded, session or lock lost), the
+    /// instant by which the term's work must have stopped: from then on the store may hand
+    /// the lock to another candidate. It is the last confirmed renewal's send time plus the
+    /// ttl, less a margin of a tenth of the ttl, or the moment of the loss when the store has
+    /// already taken the lock away. [`Election::run`](crate::Election::run) aborts its
+    /// worker then, and `incumbent run` kills its command's process group then, whatever the
+    /// grace. `None` while the term lasts and after a voluntary end (resign, shutdown, the
+    /// worker's exit), where the lock is kept until the work stops (at most the grace).
+    ///
+    /// Set before the token is cancelled: code woken by [`cancelled`](Term::cancelled)
+    /// always sees it.
+    pub fn stop_by(&self) -> Option<Instant> {
+        self.inner.stop_by.get().copied()
     }
 
     /// Whether leadership has ended.

@@ -675,3 +675,182 @@ async fn resign_and_shutdown_after_stop_are_handled() {
         .await
         .expect("a second shutdown returns at once");
 }
+
+/// A worker that ignores cancellation and records when it last ran: `(token, last beat)`.
+fn stubborn_worker(
+    beats: Arc<Mutex<Vec<(u64, Instant)>>>,
+) -> impl FnMut(Term) -> futures_util::future::BoxFuture<'static, ()> {
+    move |term: Term| {
+        let beats = beats.clone();
+        Box::pin(async move {
+            loop {
+                beats
+                    .lock()
+                    .unwrap()
+                    .push((term.fencing_token(), Instant::now()));
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_ignores_cancellation_is_aborted_before_the_lease_can_expire() {
+    let store = MemoryBackend::new();
+    let (a_client, b_client) = (store.client(), store.client());
+    // A grace far longer than the ttl: the hard stop must not wait for it.
+    let a = Election::builder(a_client.clone(), NAME)
+        .candidate("a")
+        .ttl(TTL)
+        .grace(Duration::from_secs(30))
+        .build()
+        .expect("valid settings");
+    let beats: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let run_a = tokio::spawn({
+        let w = stubborn_worker(beats.clone());
+        async move { a.run(w).await }
+    });
+    sleep(Duration::from_millis(100)).await;
+    let mut b = election(&b_client, "b").campaign();
+    sleep(Duration::from_millis(100)).await;
+    let a_token = beats.lock().unwrap().first().expect("A's worker ran").0;
+
+    a_client.set_reachability(Reachability::Hanging);
+    let b_term = elected(&mut b, TTL * 3).await;
+    let b_started = Instant::now();
+    let last_a_beat = beats
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(token, _)| *token == a_token)
+        .map(|(_, at)| *at)
+        .max()
+        .expect("beats");
+    assert!(
+        last_a_beat < b_started,
+        "A's stubborn worker ran until {last_a_beat:?}, after B started at {b_started:?}"
+    );
+    assert!(b_term.fencing_token() > a_token);
+    run_a.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_involuntary_loss_says_by_when_the_work_must_stop() {
+    let store = MemoryBackend::new();
+    let a_client = store.client();
+    let mut a = election(&a_client, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    assert_eq!(term.stop_by(), None, "none while the term lasts");
+    let last_renewal = a.status().borrow().last_renewal.expect("renewed");
+    a_client.set_reachability(Reachability::Hanging);
+    let stop_by = loop {
+        match timeout(TTL * 2, a.recv()).await.expect("an event") {
+            Some(LeadershipEvent::Demoted {
+                reason, stop_by, ..
+            }) => {
+                assert_eq!(reason, DemotionReason::RenewDeadlineExceeded);
+                break stop_by.expect("an involuntary loss has a hard stop");
+            }
+            Some(_) => {}
+            None => panic!("the campaign stopped"),
+        }
+    };
+    assert_eq!(term.stop_by(), Some(stop_by));
+    // No later than a tenth of the ttl before the lease can expire in the store.
+    assert!(stop_by <= a.status().borrow().last_renewal.unwrap_or(last_renewal) + TTL - TTL / 10);
+
+    // A lock the store has taken away already: stop at once.
+    a_client.set_reachability(Reachability::Reachable);
+    let term = elected(&mut a, TTL * 3).await;
+    store.delete(NAME);
+    let deleted = Instant::now();
+    term.cancelled().await;
+    assert_eq!(term.stop_by(), Some(deleted));
+
+    // A voluntary end keeps the grace: no hard stop.
+    let term = elected(&mut a, TTL * 3).await;
+    a.resign().await.expect("resign");
+    assert!(term.is_cancelled());
+    assert_eq!(term.stop_by(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_status_stops_saying_leader_the_instant_the_term_ends() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let guard = term.hold(); // the worker winds down slowly: the hand-off waits for it
+    let status = a.status();
+    let before = status.borrow().clone();
+    assert!(before.is_leader());
+    assert_eq!(before.current_role(), Role::Leader);
+    let resigned = tokio::spawn({
+        let handle = a.handle();
+        async move { handle.resign().await }
+    });
+    term.cancelled().await;
+    // A snapshot taken while leading stops saying leader with the term, without an update.
+    assert!(!before.is_leader());
+    assert_eq!(before.current_role(), Role::SteppingDown);
+    sleep(Duration::from_millis(300)).await;
+    let now = status.borrow().clone();
+    assert!(!now.is_leader(), "still winding down, and not leader");
+    assert_eq!(now.role, Role::SteppingDown);
+    assert!(now.term.is_none());
+    assert_eq!(
+        store.holder(NAME).map(|l| l.candidate.id),
+        Some("a".into()),
+        "held while guarded"
+    );
+    drop(guard);
+    resigned.await.expect("join").expect("resign");
+    assert!(!status.borrow().is_leader());
+}
+
+/// A `tracing` layer that panics on the first event whose message is `message`: a
+/// misbehaving subscriber, or any bug, unwinding the campaign's task.
+struct PanicOn(&'static str, std::sync::atomic::AtomicBool);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOn {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if message.0 == self.0 && !self.1.swap(true, Ordering::SeqCst) {
+            panic!("a subscriber panics on {:?}", self.0);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_campaign_task_ends_the_term_and_the_stream() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // On this (current-thread) runtime, the campaign's task logs through this subscriber.
+    let subscriber = tracing_subscriber::registry().with(PanicOn(
+        "leader changed",
+        std::sync::atomic::AtomicBool::new(false),
+    ));
+    let _default = tracing::subscriber::set_default(subscriber);
+    let store = MemoryBackend::new();
+    let mut a = election(&store.client(), "a").campaign();
+    let status = a.status();
+    // Elected is sent just before "leader changed" is logged, which panics.
+    let term = elected(&mut a, TTL).await;
+    let ended = timeout(TTL, async { while a.recv().await.is_some() {} }).await;
+    assert!(ended.is_ok(), "the event stream ends with the campaign");
+    assert!(
+        term.is_cancelled(),
+        "the term ends with the task that owned it"
+    );
+    assert!(term.stop_by().is_some(), "as an involuntary loss");
+    assert_eq!(status.borrow().role, Role::Stopped);
+    assert!(!status.borrow().is_leader());
+    assert!(matches!(a.resign().await, Err(Error::Stopped)));
+}

@@ -273,7 +273,19 @@ pub trait Contender: Send + 'static {
     fn wait(&mut self) -> impl Future<Output = Result<()>> + Send;
 
     /// While the lock is held: resolves when it is lost, with why.
+    ///
+    /// It must resolve the *instant* the loss is seen, with no store round trip in between:
+    /// the campaign cancels the term on it, and the next holder may already lead. Anything
+    /// that takes a question to the store to tell one loss from another belongs in
+    /// [`explain`](Contender::explain), which the campaign calls after the term has ended.
     fn lost(&mut self) -> impl Future<Output = LockLoss> + Send;
+
+    /// Refines the reason of a loss that [`lost`](Contender::lost) reported, by asking the
+    /// store (e.g. whether the lease behind a deleted key expired). Called after the term has
+    /// been cancelled, bounded by the campaign; the default keeps the reason as it was.
+    fn explain(&mut self, loss: LockLoss) -> impl Future<Output = LockLoss> + Send {
+        std::future::ready(loss)
+    }
 
     /// Updates the value others read (identity and metadata) while holding the lock.
     fn proclaim(&mut self, leader: &Leader) -> impl Future<Output = Result<()>> + Send;
