@@ -476,7 +476,7 @@ impl<B: Backend> Engine<B> {
             }
         };
         let mut health = session.health();
-        let mut observer: Option<B::Observer> = None;
+        let mut sightings = Sightings::default();
         loop {
             if health.borrow_and_update().lost.is_some() {
                 return Pursuit::SessionLost;
@@ -518,10 +518,7 @@ impl<B: Backend> Engine<B> {
                     if let Some(holder) = holder {
                         self.saw_leader(Some(holder));
                     }
-                    if observer.is_none() {
-                        observer = self.backend.observe(&self.config.name).await.ok();
-                    }
-                    self.follow(&mut contender, &mut health, &mut observer)
+                    self.follow(&mut contender, &mut health, &mut sightings)
                         .await
                 }
                 Ok(Attempt::Delayed { until }) => {
@@ -550,7 +547,7 @@ impl<B: Backend> Engine<B> {
         &mut self,
         contender: &mut ContenderOf<B>,
         health: &mut watch::Receiver<SessionHealth>,
-        observer: &mut Option<B::Observer>,
+        sightings: &mut Sightings<B::Observer>,
     ) -> Option<Interrupt> {
         loop {
             tokio::select! {
@@ -570,13 +567,7 @@ impl<B: Backend> Engine<B> {
                         }
                     };
                 }
-                observed = next_leader(observer) => match observed {
-                    Ok(leader) => self.saw_leader(leader),
-                    Err(error) => {
-                        tracing::debug!(%error, "observer failed; leader changes are reported on the next attempt");
-                        *observer = None;
-                    }
-                },
+                leader = sightings.next(&self.backend, &self.config) => self.saw_leader(leader),
             }
         }
     }
@@ -888,11 +879,65 @@ async fn lost(health: &mut watch::Receiver<SessionHealth>) {
     }
 }
 
-/// The observer's next report; pending forever without an observer.
-async fn next_leader<O: Observer>(observer: &mut Option<O>) -> Result<Option<Leader>> {
-    match observer {
-        Some(o) => o.next().await,
-        None => std::future::pending().await,
+/// A follower's view of who leads, through the backend's observer: re-created with
+/// back-off when it fails, so leader changes that do not wake the follower's own wait
+/// (a leader further up the queue) are reported after a store blip too.
+struct Sightings<O> {
+    observer: Option<O>,
+    /// Consecutive failures to observe.
+    failures: u32,
+    /// When to try again after a failure.
+    retry_at: Option<Instant>,
+}
+
+impl<O> Default for Sightings<O> {
+    fn default() -> Self {
+        Sightings {
+            observer: None,
+            failures: 0,
+            retry_at: None,
+        }
+    }
+}
+
+impl<O: Observer> Sightings<O> {
+    /// The next leader the observer reports. Cancel-safe: the retry time survives a drop.
+    async fn next<B: Backend<Observer = O>>(
+        &mut self,
+        backend: &B,
+        config: &Config,
+    ) -> Option<Leader> {
+        loop {
+            let error = match &mut self.observer {
+                Some(observer) => match observer.next().await {
+                    Ok(leader) => {
+                        self.failures = 0;
+                        return leader;
+                    }
+                    Err(error) => {
+                        self.observer = None;
+                        error
+                    }
+                },
+                None => {
+                    if let Some(at) = self.retry_at {
+                        sleep_until(at).await;
+                    }
+                    match backend.observe(&config.name).await {
+                        Ok(observer) => {
+                            self.observer = Some(observer);
+                            self.retry_at = None;
+                            continue;
+                        }
+                        Err(error) => error,
+                    }
+                }
+            };
+            let delay = config.backoff.delay(self.failures);
+            self.failures = self.failures.saturating_add(1);
+            self.retry_at = Some(Instant::now() + delay);
+            tracing::debug!(%error, retry_in = ?delay, "observing the leader failed; observing again after the back-off");
+        }
     }
 }
 

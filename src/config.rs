@@ -27,12 +27,16 @@ pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(250);
 pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Default time a cancelled worker gets to finish before the lock is released anyway.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// The longest duration any setting accepts (a year): a longer one is surely a mistake, and
+/// would overflow the clock's arithmetic (`Instant + Duration`) somewhere down the line.
+pub const MAX_DURATION_SETTING: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// The longest election name, in bytes.
 pub const MAX_NAME_LEN: usize = 128;
 /// The longest candidate identity, in bytes.
 pub const MAX_CANDIDATE_LEN: usize = 256;
 
-/// Exponential back-off with full jitter, used between retries and as the cool-down after a loss.
+/// Exponential back-off with "equal jitter" (half the ceiling fixed, half random), used between
+/// retries and as the cool-down after a loss.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
     /// The delay after the first failure (the upper end of the jittered range).
@@ -146,6 +150,18 @@ impl Draft {
             )));
         }
         let backoff = self.backoff;
+        for (setting, value) in [
+            ("backoff max", Some(backoff.max)),
+            ("lock_delay", self.lock_delay),
+            ("grace", self.grace),
+        ] {
+            if let Some(value) = value.filter(|v| *v > MAX_DURATION_SETTING) {
+                return Err(Error::timing(format!(
+                    "{setting} {value:?} is longer than the longest setting accepted, \
+                     {MAX_DURATION_SETTING:?} (a year); give a shorter one"
+                )));
+            }
+        }
         if backoff.initial.is_zero() || backoff.max < backoff.initial {
             return Err(Error::timing(format!(
                 "backoff initial {:?} must be above zero and at most max {:?}; fix .backoff()",

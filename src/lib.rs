@@ -126,14 +126,38 @@
 //! What this does *not* guarantee: it relies on the leader's clock and the store's clock
 //! running at about the same *rate* (not on them agreeing on the time). A process frozen
 //! for longer than the margin between its last check and the lease's expiry can still act
-//! late; that is what fencing tokens are for. Consul only promises its TTL as a lower bound,
-//! and Redis and memcached are not consensus systems: their modules say what they cannot
-//! survive.
+//! late; that is what fencing tokens are for. Consul only promises its TTL as a lower bound.
+//!
+//! # When a term ends
+//!
+//! The term ends first. The instant the campaign sees a loss (the renew deadline passed, the
+//! session or the lock is gone) it cancels the term's token, before it logs, asks the store
+//! why, or updates anything else; [`Status::is_leader`] turns false with the token itself,
+//! so the status, `/readyz`, `/leader` and the `incumbent_is_leader` metric stop saying
+//! "leader" in that same instant, and the role reads [`Role::SteppingDown`] while the work
+//! winds down and the lock is released. The term is ended however the campaign's task ends:
+//! a panic in it, or a runtime dropped under it, cancels the term, says
+//! [`Role::Stopped`], and ends the event streams.
+//!
+//! After an *involuntary* loss the store may hand the lock on soon: [`Term::stop_by`] (and
+//! the `stop_by` of [`LeadershipEvent::Demoted`]) says by when the work must have stopped,
+//! the last confirmed renewal's send time plus the ttl, less a tenth of the ttl, or at once
+//! when the store has already taken the lock. [`Election::run`] aborts a worker that ignores
+//! cancellation then, even when the grace is longer; the `incumbent` CLI kills its command's
+//! process group then. The grace applies in full only to voluntary ends (resign, shutdown,
+//! the worker's exit), where the lock is kept until the work has stopped. So `grace` may be
+//! longer than `ttl - renew_deadline`; on an involuntary loss the work gets
+//! `ttl - renew_deadline - ttl/10` (at least a tenth of the ttl) to wind down.
+//!
+//! What no supervisor can prevent: a frozen process or host (a VM paused, a process
+//! stopped with SIGSTOP, a long GC pause) runs no code, so it cannot stop its work, and may
+//! resume after another leader began. Fencing tokens are the defence: a downstream store
+//! that rejects the old token refuses the frozen leader's late writes.
 //!
 //! # Promises
 //!
 //! 1. At most one trusted leader: the term is cancelled before the store can grant the lock
-//!    to anyone else.
+//!    to anyone else, and a worker that ignores it is stopped by [`Term::stop_by`].
 //! 2. Fencing tokens are strictly greater for every new term of an election.
 //! 3. Every loss is reported, with its [`DemotionReason`].
 //! 4. After any loss the campaign goes on by itself, after a cool-down: the store's
@@ -154,7 +178,7 @@
 //! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, predecessor watches |
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
 //!
-//! The names `zookeeper`, `redis` and `memcached` are reserved for backends to come.
+//! ZooKeeper, Redis and memcached backends are planned; no feature exists for them yet.
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
 //! means implementing the contract in [`backend`].
 //!

@@ -641,6 +641,14 @@ fn the_builder_rejects_bad_settings_with_typed_errors() {
         )
         .contains("backoff")
     );
+    // Durations that would overflow the clock are refused, not panicked on.
+    for built in [
+        b().backoff(Duration::from_secs(1), Duration::MAX).build(),
+        b().lock_delay(Duration::MAX).build(),
+        b().grace(Duration::MAX).build(),
+    ] {
+        assert!(timing(built).contains("longest setting"));
+    }
     assert!(matches!(
         Election::builder(MemoryBackend::new(), "").build(),
         Err(Error::InvalidElectionName { .. })
