@@ -7,9 +7,30 @@
 //! | `etcd://host:port[,host:port…][/prefix]` | etcd | `etcd` |
 //! | `consul://host:port[/prefix]` | Consul | `consul` |
 //!
-//! Credentials never go in the URL (it ends up in logs and process lists): they come from
-//! the environment. etcd reads `INCUMBENT_ETCD_USER` and `INCUMBENT_ETCD_PASSWORD`; Consul
-//! reads `CONSUL_HTTP_TOKEN`, as Consul's own tools do.
+//! # Credentials
+//!
+//! Credentials never go in the URL (it ends up in logs, process lists and shell histories):
+//! a URL with user info (`user:password@`), a query string (`?token=…`) or a fragment is
+//! rejected with [`Error::InvalidConfig`], and so is a `?` or `#` in a key prefix. They come
+//! from the environment, from the variables the stores' own tools read:
+//!
+//! | variable | backend | meaning |
+//! |---|---|---|
+//! | `ETCDCTL_USER` | etcd | `user:password`, as etcdctl's `--user`; or just `user` when `ETCDCTL_PASSWORD` is set |
+//! | `ETCDCTL_PASSWORD` | etcd | the password of `ETCDCTL_USER` (then `ETCDCTL_USER` is the whole user name) |
+//! | `INCUMBENT_ETCD_USER` | etcd | the user name; when set (not empty), it wins over `ETCDCTL_USER` |
+//! | `INCUMBENT_ETCD_PASSWORD` | etcd | the password of `INCUMBENT_ETCD_USER` (empty if unset) |
+//! | `CONSUL_HTTP_TOKEN` | Consul | the ACL token, sent as `X-Consul-Token` |
+//! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
+//!
+//! Empty variables count as unset. `ETCDCTL_USER` without a `:` and without
+//! `ETCDCTL_PASSWORD`, and a `CONSUL_HTTP_TOKEN_FILE` that cannot be read, are
+//! [`Error::InvalidConfig`] (no value is ever echoed).
+//!
+//! Nothing formats a secret: [`BackendUrl`]'s `Display` and `Debug`, and every error message
+//! about a URL or endpoint, replace user info with `***@` and a query string or fragment with
+//! `?***`; the backends' `Debug` output shows user names at most, never a password, token or
+//! private key.
 //!
 //! Because [`Backend`] is generic, code that picks a backend at run time implements
 //! [`WithBackend`] once and is handed the concrete backend:
@@ -40,7 +61,7 @@ use crate::backend::Backend;
 use crate::{Error, Result};
 
 /// A parsed backend URL. See the [module docs](self) for the forms.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BackendUrl {
     /// The in-process memory backend.
@@ -76,6 +97,11 @@ pub trait WithBackend {
 
 const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix] or consul://host:port[/prefix]";
 
+/// Where credentials go instead of the URL.
+const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
+     ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
+     CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul";
+
 fn bad(reason: String) -> Error {
     Error::InvalidConfig {
         backend: "url",
@@ -83,8 +109,34 @@ fn bad(reason: String) -> Error {
     }
 }
 
+/// `text` (a URL, an endpoint or an address) with anything that may be a secret replaced by
+/// `***`: user info (`user:password@`) becomes `***@`, a query string or fragment becomes
+/// `?***`. When both `@` and `?` or `#` occur, which part is which cannot be told, and all
+/// but the scheme is hidden. Use it wherever a URL given by a user is formatted.
+pub(crate) fn redact(text: &str) -> String {
+    let (scheme, rest) = match text.find("://") {
+        Some(i) => text.split_at(i + 3),
+        None => ("", text),
+    };
+    let query = rest.find(['?', '#']);
+    match (rest.rfind('@'), query) {
+        (Some(_), Some(_)) => format!("{scheme}***"),
+        (Some(at), None) => format!("{scheme}***{}", &rest[at..]),
+        (None, Some(q)) => format!("{scheme}{}?***", &rest[..q]),
+        (None, None) => text.to_owned(),
+    }
+}
+
+/// A key prefix as shown: cut at a `?` or `#`, which [`BackendUrl::from_str`] refuses anyway.
+fn redact_prefix(prefix: &str) -> String {
+    match prefix.find(['?', '#', '@']) {
+        Some(i) => format!("{}***", &prefix[..i]),
+        None => prefix.to_owned(),
+    }
+}
+
 /// Splits `host:port[,host:port…][/prefix]` and checks each address.
-fn hosts_and_prefix(url: &str, rest: &str) -> Result<(Vec<String>, Option<String>)> {
+fn hosts_and_prefix(shown: &str, rest: &str) -> Result<(Vec<String>, Option<String>)> {
     let (hosts, prefix) = match rest.split_once('/') {
         Some((hosts, prefix)) => (hosts, Some(prefix).filter(|p| !p.is_empty())),
         None => (rest, None),
@@ -94,15 +146,8 @@ fn hosts_and_prefix(url: &str, rest: &str) -> Result<(Vec<String>, Option<String
         let valid = host
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-        if !valid || host.contains('@') {
-            return Err(bad(format!(
-                "{url:?}: {host:?} is not host:port{}",
-                if host.contains('@') {
-                    " (credentials go in environment variables, not in the URL)"
-                } else {
-                    ""
-                }
-            )));
+        if !valid {
+            return Err(bad(format!("{shown:?}: {host:?} is not host:port")));
         }
         out.push(format!("http://{host}"));
     }
@@ -113,16 +158,24 @@ impl FromStr for BackendUrl {
     type Err = Error;
 
     fn from_str(url: &str) -> Result<Self> {
+        // Every message shows the URL redacted: it may hold a password or token.
+        let shown = redact(url);
         let Some((scheme, rest)) = url.split_once(':') else {
-            return Err(bad(format!("{url:?} has no scheme; {FORMS}")));
+            return Err(bad(format!("{shown:?} has no scheme; {FORMS}")));
         };
+        if url.contains('@') && scheme != "file" {
+            return Err(bad(format!(
+                "{shown:?}: user info (user:password@) is not allowed in a backend URL; \
+                 {CREDENTIALS_HINT}"
+            )));
+        }
         match scheme {
             "memory" => Ok(BackendUrl::Memory),
             "file" => {
                 let path = rest.strip_prefix("//").unwrap_or(rest);
                 if !path.is_empty() && !path.starts_with('/') {
                     return Err(bad(format!(
-                        "{url:?}: a file URL needs an absolute path, as in file:///var/lib/app/elections"
+                        "{shown:?}: a file URL needs an absolute path, as in file:///var/lib/app/elections"
                     )));
                 }
                 Ok(BackendUrl::File {
@@ -130,10 +183,19 @@ impl FromStr for BackendUrl {
                 })
             }
             "etcd" | "consul" => {
+                if rest.contains(['?', '#']) {
+                    return Err(bad(format!(
+                        "{shown:?}: '?' and '#' are not allowed, neither as a query string \
+                         (e.g. ?token=…) nor in the key prefix, where they would end up in \
+                         store keys and logs; write {scheme}://host:port[/prefix] with a \
+                         prefix of letters, digits, '/', '.', '_' or '-', and note that \
+                         {CREDENTIALS_HINT}"
+                    )));
+                }
                 let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
-                    return Err(bad(format!("{url:?}: write {scheme}://host:port")));
+                    return Err(bad(format!("{shown:?}: write {scheme}://host:port")));
                 };
-                let (hosts, prefix) = hosts_and_prefix(url, rest)?;
+                let (hosts, prefix) = hosts_and_prefix(&shown, rest)?;
                 if scheme == "etcd" {
                     Ok(BackendUrl::Etcd {
                         endpoints: hosts,
@@ -141,7 +203,7 @@ impl FromStr for BackendUrl {
                     })
                 } else if hosts.len() > 1 {
                     Err(bad(format!(
-                        "{url:?}: name one Consul agent (the local one); agents forward to the servers"
+                        "{shown:?}: name one Consul agent (the local one); agents forward to the servers"
                     )))
                 } else {
                     Ok(BackendUrl::Consul {
@@ -151,38 +213,67 @@ impl FromStr for BackendUrl {
                 }
             }
             "zk" | "redis" | "memcached" => Err(bad(format!(
-                "{url:?}: the {scheme} backend is not available in this version; {FORMS}"
+                "{shown:?}: the {scheme} backend is not available in this version; {FORMS}"
             ))),
-            other => Err(bad(format!("{url:?}: unknown scheme {other:?}; {FORMS}"))),
+            // Only the scheme is shown: what follows may be a password (`user:password`).
+            other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
         }
     }
 }
 
+/// The URL as written, with user info, query strings and fragments redacted (a parsed URL
+/// has none, but the fields are public).
 impl fmt::Display for BackendUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let strip = |e: &String| e.trim_start_matches("http://").to_owned();
+        let strip = |e: &String| redact(e.trim_start_matches("http://"));
+        let prefix = |p: &Option<String>| {
+            p.as_deref()
+                .map(|p| format!("/{}", redact_prefix(p)))
+                .unwrap_or_default()
+        };
         match self {
             BackendUrl::Memory => write!(f, "memory:"),
             BackendUrl::File { dir: None } => write!(f, "file:"),
             BackendUrl::File { dir: Some(dir) } => write!(f, "file://{}", dir.display()),
-            BackendUrl::Etcd { endpoints, prefix } => write!(
+            BackendUrl::Etcd {
+                endpoints,
+                prefix: p,
+            } => write!(
                 f,
                 "etcd://{}{}",
                 endpoints.iter().map(strip).collect::<Vec<_>>().join(","),
-                prefix
-                    .as_deref()
-                    .map(|p| format!("/{p}"))
-                    .unwrap_or_default()
+                prefix(p)
             ),
-            BackendUrl::Consul { address, prefix } => write!(
-                f,
-                "consul://{}{}",
-                strip(address),
-                prefix
-                    .as_deref()
-                    .map(|p| format!("/{p}"))
-                    .unwrap_or_default()
-            ),
+            BackendUrl::Consul { address, prefix: p } => {
+                write!(f, "consul://{}{}", strip(address), prefix(p))
+            }
+        }
+    }
+}
+
+/// Like the derived `Debug`, with user info, query strings and fragments redacted.
+impl fmt::Debug for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let prefix = |p: &Option<String>| p.as_deref().map(redact_prefix);
+        match self {
+            BackendUrl::Memory => f.write_str("Memory"),
+            BackendUrl::File { dir } => f.debug_struct("File").field("dir", dir).finish(),
+            BackendUrl::Etcd {
+                endpoints,
+                prefix: p,
+            } => f
+                .debug_struct("Etcd")
+                .field(
+                    "endpoints",
+                    &endpoints.iter().map(|e| redact(e)).collect::<Vec<_>>(),
+                )
+                .field("prefix", &prefix(p))
+                .finish(),
+            BackendUrl::Consul { address, prefix: p } => f
+                .debug_struct("Consul")
+                .field("address", &redact(address))
+                .field("prefix", &prefix(p))
+                .finish(),
         }
     }
 }
@@ -220,6 +311,63 @@ fn not_compiled(feature: &'static str) -> Error {
     }
 }
 
+/// A variable of the process environment; empty counts as unset.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The etcd user and password from the environment (see the [module docs](self)), read
+/// through `var`.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn etcd_credentials(var: impl Fn(&str) -> Option<String>) -> Result<Option<(String, String)>> {
+    if let Some(user) = var("INCUMBENT_ETCD_USER") {
+        let password = var("INCUMBENT_ETCD_PASSWORD").unwrap_or_default();
+        return Ok(Some((user, password)));
+    }
+    let Some(user) = var("ETCDCTL_USER") else {
+        return Ok(None);
+    };
+    if let Some(password) = var("ETCDCTL_PASSWORD") {
+        return Ok(Some((user, password)));
+    }
+    match user.split_once(':') {
+        Some((name, password)) if !name.is_empty() => {
+            Ok(Some((name.to_owned(), password.to_owned())))
+        }
+        _ => Err(Error::InvalidConfig {
+            backend: "etcd",
+            reason: "ETCDCTL_USER has no password and ETCDCTL_PASSWORD is unset; write \
+                     ETCDCTL_USER=user:password, or set ETCDCTL_PASSWORD"
+                .into(),
+        }),
+    }
+}
+
+/// The Consul ACL token from the environment (see the [module docs](self)), read through
+/// `var`, the token file through `read`.
+#[cfg_attr(not(feature = "consul"), allow(dead_code))]
+fn consul_token(
+    var: impl Fn(&str) -> Option<String>,
+    read: impl Fn(&str) -> std::io::Result<String>,
+) -> Result<Option<String>> {
+    if let Some(path) = var("CONSUL_HTTP_TOKEN_FILE") {
+        // The error names the file, never its contents.
+        let text = read(&path).map_err(|e| Error::InvalidConfig {
+            backend: "consul",
+            reason: format!(
+                "cannot read the ACL token from CONSUL_HTTP_TOKEN_FILE ({path:?}): {e}; \
+                 fix the path or its permissions, or unset the variable"
+            ),
+        })?;
+        let token = text.trim();
+        if !token.is_empty() {
+            return Ok(Some(token.to_owned()));
+        }
+    }
+    Ok(var("CONSUL_HTTP_TOKEN"))
+}
+
 #[cfg(all(feature = "file", unix))]
 async fn connect_file<V: WithBackend>(dir: Option<PathBuf>, code: V) -> Result<V::Output> {
     let backend = match dir {
@@ -244,10 +392,7 @@ async fn connect_etcd<V: WithBackend>(
     if let Some(prefix) = prefix {
         builder = builder.prefix(prefix);
     }
-    if let Ok(user) = std::env::var("INCUMBENT_ETCD_USER")
-        && !user.is_empty()
-    {
-        let password = std::env::var("INCUMBENT_ETCD_PASSWORD").unwrap_or_default();
+    if let Some((user, password)) = etcd_credentials(env)? {
         builder = builder.user(user, password);
     }
     Ok(code.call(builder.connect().await?).await)
@@ -270,7 +415,7 @@ async fn connect_consul<V: WithBackend>(
 ) -> Result<V::Output> {
     use crate::consul::{ConsulBackend, ConsulConfig};
     let mut config = ConsulConfig::new(address);
-    if let Ok(token) = std::env::var("CONSUL_HTTP_TOKEN") {
+    if let Some(token) = consul_token(env, |path| std::fs::read_to_string(path))? {
         config = config.token(token);
     }
     let mut builder = ConsulBackend::builder(config);
@@ -341,5 +486,124 @@ mod tests {
             let err = url.parse::<BackendUrl>().unwrap_err().to_string();
             assert!(err.contains(hint), "{url}: {err}");
         }
+    }
+
+    #[test]
+    fn redaction_hides_user_info_queries_and_fragments() {
+        for (text, shown) in [
+            ("etcd://u:pw@h:2379/p", "etcd://***@h:2379/p"),
+            ("http://u:pa/ss@h:2379", "http://***@h:2379"),
+            ("consul://h:8500?token=t", "consul://h:8500?***"),
+            ("consul://h:8500/p#frag", "consul://h:8500/p?***"),
+            ("consul://u:p@h?token=t", "consul://***"),
+            ("u:pw@h:2379", "***@h:2379"),
+            ("etcd://h:2379/jobs", "etcd://h:2379/jobs"),
+        ] {
+            assert_eq!(redact(text), shown, "{text}");
+        }
+    }
+
+    #[test]
+    fn secrets_in_urls_are_refused_and_never_echoed() {
+        for (url, hint) in [
+            ("etcd://root:s3cret@127.0.0.1:2379", "ETCDCTL_USER"),
+            ("etcd://s3cret@127.0.0.1:2379/p", "ETCDCTL_USER"),
+            ("etcd://127.0.0.1:2379/p?password=s3cret", "ETCDCTL_USER"),
+            ("consul://127.0.0.1:8500?token=s3cret", "CONSUL_HTTP_TOKEN"),
+            (
+                "consul://127.0.0.1:8500/p?token=s3cret",
+                "CONSUL_HTTP_TOKEN",
+            ),
+            ("consul://127.0.0.1:8500/p#s3cret", "prefix"),
+            ("consul://a:s3cret@127.0.0.1:8500", "CONSUL_HTTP_TOKEN"),
+            ("root:s3cret@127.0.0.1:2379", "environment"),
+            ("root:s3cret", "unknown scheme"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err();
+            assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {err:?}");
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains("s3cret"), "{url}: {shown}");
+                assert!(shown.contains(hint), "{url}: {shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn display_and_debug_redact_even_hand_built_urls() {
+        let urls = [
+            BackendUrl::Etcd {
+                endpoints: vec!["http://root:s3cret@h:2379".into()],
+                prefix: Some("p?token=s3cret/".into()),
+            },
+            BackendUrl::Consul {
+                address: "http://h:8500?token=s3cret".into(),
+                prefix: Some("p#s3cret".into()),
+            },
+        ];
+        for url in urls {
+            for shown in [url.to_string(), format!("{url:?}")] {
+                assert!(!shown.contains("s3cret"), "{shown}");
+                assert!(shown.contains("***"), "{shown}");
+            }
+        }
+        let url: BackendUrl = "etcd://a:2379,b:2379/jobs".parse().expect("valid");
+        assert_eq!(url.to_string(), "etcd://a:2379,b:2379/jobs/");
+    }
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, v)| *n == name && !v.is_empty())
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn etcd_credentials_come_from_etcdctl_or_incumbent_variables() {
+        let creds = |pairs| etcd_credentials(vars(pairs)).expect("valid");
+        assert_eq!(creds(&[]), None);
+        assert_eq!(
+            creds(&[("ETCDCTL_USER", "root:pw:with:colons")]),
+            Some(("root".into(), "pw:with:colons".into()))
+        );
+        assert_eq!(
+            creds(&[("ETCDCTL_USER", "ro:ot"), ("ETCDCTL_PASSWORD", "pw")]),
+            Some(("ro:ot".into(), "pw".into()))
+        );
+        assert_eq!(
+            creds(&[
+                ("ETCDCTL_USER", "root:pw"),
+                ("INCUMBENT_ETCD_USER", "app"),
+                ("INCUMBENT_ETCD_PASSWORD", "apppw"),
+            ]),
+            Some(("app".into(), "apppw".into()))
+        );
+        let err = etcd_credentials(vars(&[("ETCDCTL_USER", "s3cret")])).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn consul_token_comes_from_the_variable_or_the_file() {
+        let no_file =
+            |_: &str| -> std::io::Result<String> { Err(std::io::ErrorKind::NotFound.into()) };
+        let file = |_: &str| -> std::io::Result<String> { Ok(" from-file\n".into()) };
+        let empty_file = |_: &str| -> std::io::Result<String> { Ok("\n".into()) };
+        let token = |pairs, read: &dyn Fn(&str) -> std::io::Result<String>| {
+            consul_token(vars(pairs), read).expect("valid")
+        };
+        assert_eq!(token(&[], &no_file), None);
+        assert_eq!(
+            token(&[("CONSUL_HTTP_TOKEN", "t")], &no_file),
+            Some("t".into())
+        );
+        let both: &'static [(&str, &str)] =
+            &[("CONSUL_HTTP_TOKEN", "t"), ("CONSUL_HTTP_TOKEN_FILE", "/f")];
+        assert_eq!(token(both, &file), Some("from-file".into()));
+        assert_eq!(token(both, &empty_file), Some("t".into()));
+        let err = consul_token(vars(both), no_file).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains("CONSUL_HTTP_TOKEN_FILE"), "{err}");
     }
 }

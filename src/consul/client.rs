@@ -337,7 +337,7 @@ impl Default for ConsulConfig {
 impl fmt::Debug for ConsulConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulConfig")
-            .field("address", &self.address)
+            .field("address", &crate::url::redact(&self.address))
             .field("token", &self.token.as_ref().map(|_| Redacted))
             .field("datacenter", &self.datacenter)
             .field("namespace", &self.namespace)
@@ -1250,8 +1250,10 @@ fn parse_address(address: &str) -> Result<Url, ConsulError> {
     } else {
         format!("http://{address}")
     };
+    // The address may hold credentials or a token: messages show it redacted.
+    let shown = crate::url::redact(address);
     let invalid =
-        |why: String| ConsulError::InvalidConfig(format!("bad Consul address {address:?}: {why}"));
+        |why: String| ConsulError::InvalidConfig(format!("bad Consul address {shown:?}: {why}"));
     let mut url = Url::parse(&with_scheme).map_err(|e| invalid(e.to_string()))?;
     if url.scheme() != "http" && url.scheme() != "https" {
         return Err(invalid(format!(
@@ -1264,11 +1266,18 @@ fn parse_address(address: &str) -> Result<Url, ConsulError> {
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(invalid(
-            "credentials in the address are not supported; use the ACL token".into(),
+            "credentials in the address are not supported; pass the ACL token with \
+             ConsulConfig::token (the consul:// URL form reads CONSUL_HTTP_TOKEN)"
+                .into(),
         ));
     }
     if url.query().is_some() || url.fragment().is_some() {
-        return Err(invalid("a query or fragment is not allowed".into()));
+        return Err(invalid(
+            "a query or fragment is not allowed; pass the ACL token with ConsulConfig::token \
+             (the consul:// URL form reads CONSUL_HTTP_TOKEN) and the datacenter with \
+             ConsulConfig::datacenter"
+                .into(),
+        ));
     }
     if !url.path().ends_with('/') {
         let path = format!("{}/", url.path());
@@ -1536,6 +1545,31 @@ mod tests {
         let debug = format!("{client:?}");
         assert!(!debug.contains("s3cr3t"), "{debug}");
         assert!(debug.contains("<redacted>"), "{debug}");
+    }
+
+    #[test]
+    fn addresses_with_secrets_are_refused_and_never_echoed() {
+        for address in [
+            "http://root:s3cret@127.0.0.1:8500",
+            "http://s3cret@127.0.0.1:8500",
+            "http://127.0.0.1:8500/?token=s3cret",
+            "http://127.0.0.1:8500/#s3cret",
+            "127.0.0.1:8500?token=s3cret",
+            "http://u:s3cret@[::1",
+        ] {
+            let config = ConsulConfig::new(address).token("t0ken");
+            let debug = format!("{config:?}");
+            assert!(
+                !debug.contains("s3cret") && !debug.contains("t0ken"),
+                "{debug}"
+            );
+            let e = ConsulClient::new(config).unwrap_err();
+            assert!(matches!(e, ConsulError::InvalidConfig(_)), "{e}");
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(!shown.contains("s3cret"), "{address}: {shown}");
+                assert!(!shown.contains("t0ken"), "{address}: {shown}");
+            }
+        }
     }
 
     #[test]

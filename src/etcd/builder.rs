@@ -8,6 +8,7 @@ use tokio::time::timeout;
 
 use super::tls::{self, TlsMaterial};
 use super::{EtcdBackend, NAME, error};
+use crate::url::redact;
 use crate::{Error, Result};
 
 /// The key prefix under which elections live unless [`EtcdBuilder::prefix`] says otherwise.
@@ -39,9 +40,9 @@ impl fmt::Debug for Secret {
 /// Settings for an [`EtcdBackend`]; made by [`EtcdBackend::builder`], finished by
 /// [`connect`](EtcdBuilder::connect), which checks them all.
 ///
-/// `Debug` output shows the endpoints, prefix and user name, never the password or the
-/// client key.
-#[derive(Clone, Debug)]
+/// `Debug` output shows the endpoints (user info and query strings redacted), prefix and
+/// user name, never the password or the client key.
+#[derive(Clone)]
 pub struct EtcdBuilder {
     endpoints: Vec<String>,
     prefix: String,
@@ -49,6 +50,20 @@ pub struct EtcdBuilder {
     tls: Option<TlsMaterial>,
     connect_timeout: Duration,
     request_timeout: Duration,
+}
+
+impl fmt::Debug for EtcdBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| redact(e)).collect();
+        f.debug_struct("EtcdBuilder")
+            .field("endpoints", &endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user)
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
 }
 
 impl EtcdBuilder {
@@ -234,16 +249,25 @@ fn invalid(reason: String) -> Error {
 
 /// Checks one endpoint and writes it as `scheme://host:port`. Without a scheme it is
 /// `https://` when TLS is configured, else `http://`.
+///
+/// Messages show the endpoint redacted ([`redact`]): it may hold a password or token.
 fn parse_endpoint(raw: &str, tls: bool) -> Result<String> {
+    let shown = redact(raw);
     let bad = |why: &str| {
         invalid(format!(
-            "endpoint {raw:?} {why}; write it as http://host:port or https://host:port, \
+            "endpoint {shown:?} {why}; write it as http://host:port or https://host:port, \
              e.g. http://127.0.0.1:2379"
         ))
     };
     let trimmed = raw.trim();
     if trimmed.is_empty() {
         return Err(bad("is empty"));
+    }
+    if trimmed.contains('@') {
+        return Err(bad(
+            "has user info (user:password@), which would end up in logs; pass the \
+             credentials with .user(user, password) (the URL form reads ETCDCTL_USER)",
+        ));
     }
     let (scheme, rest) = if let Some(rest) = trimmed.strip_prefix("http://") {
         ("http", rest)
@@ -258,7 +282,7 @@ fn parse_endpoint(raw: &str, tls: bool) -> Result<String> {
     };
     if scheme == "http" && tls {
         return Err(invalid(format!(
-            "endpoint {raw:?} is http:// but TLS certificates were given; use https:// \
+            "endpoint {shown:?} is http:// but TLS certificates were given; use https:// \
              endpoints with TLS, or drop the certificates"
         )));
     }
@@ -354,6 +378,26 @@ mod tests {
         assert_eq!(prefix("myapp"), "myapp/");
         assert_eq!(prefix("myapp/"), "myapp/");
         assert_eq!(prefix(""), "");
+    }
+
+    #[test]
+    fn endpoint_errors_never_show_a_secret() {
+        for raw in [
+            "http://root:s3cret@127.0.0.1:2379",
+            "http://s3cret@127.0.0.1:2379",
+            "root:s3cret@127.0.0.1:2379",
+            "http://127.0.0.1:2379/?password=s3cret",
+            "http://127.0.0.1:2379#s3cret",
+            "http://127.0.0.1:2379?s3cret",
+        ] {
+            let err = parse_endpoint(raw, false).expect_err(raw);
+            for shown in [err.to_string(), format!("{err:?}")] {
+                assert!(!shown.contains("s3cret"), "{raw}: {shown}");
+            }
+        }
+        let builder = EtcdBuilder::new(vec!["http://root:s3cret@127.0.0.1:2379".into()]);
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
     }
 
     #[test]
