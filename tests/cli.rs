@@ -580,3 +580,422 @@ fn usage_and_configuration_errors_exit_2_with_one_line() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown scheme"));
 }
+
+// ---- stderr that nobody reads, or that is closed ----
+
+/// A pipe for a process's stderr that the test never reads. `fill` makes it full, so that
+/// every further write to it blocks (until the test ends and the read end is closed).
+struct UnreadPipe {
+    reader: Option<std::io::PipeReader>,
+    writer: std::io::PipeWriter,
+}
+
+impl UnreadPipe {
+    fn new() -> UnreadPipe {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        UnreadPipe {
+            reader: Some(reader),
+            writer,
+        }
+    }
+
+    /// The write end, for a child's stderr.
+    fn stdio(&self) -> Stdio {
+        Stdio::from(self.writer.try_clone().expect("dup the pipe"))
+    }
+
+    /// Closes the read end: writes fail with EPIPE from now on.
+    fn close_reader(&mut self) {
+        self.reader = None;
+    }
+
+    /// Fills the pipe from a thread of its own (a chatty process sharing the pipe), and waits
+    /// until it is full.
+    fn fill(&self) {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let reader = self.reader.as_ref().expect("open pipe");
+        // SAFETY: fcntl on a descriptor we own.
+        let capacity = unsafe { libc::fcntl(reader.as_raw_fd(), libc::F_GETPIPE_SZ) };
+        assert!(capacity > 0, "F_GETPIPE_SZ");
+        let capacity = usize::try_from(capacity).expect("size");
+        let mut chatty = self.writer.try_clone().expect("dup the pipe");
+        thread::spawn(move || {
+            // Blocks once the pipe is full; fails (and ends) when the test drops the reader.
+            let _ = chatty.write_all(&vec![b'.'; capacity * 4]);
+        });
+        let fd = reader.as_raw_fd();
+        let full = wait_until(LIMIT, || {
+            let mut queued: libc::c_int = 0;
+            // SAFETY: FIONREAD writes one int.
+            unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
+            usize::try_from(queued).unwrap_or(0) + 4096 >= capacity
+        });
+        assert!(full, "the pipe did not fill up");
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Sandbox {
+    /// Starts a candidate whose stderr is `stderr`, with `env` added to its environment.
+    fn candidate_with(
+        &self,
+        name: &str,
+        options: &[&str],
+        script: &str,
+        stderr: Stdio,
+        env: &[(&str, &str)],
+    ) -> Candidate {
+        let starts = self.dir.path().join(format!("{name}.starts"));
+        let log = self.dir.path().join(format!("{name}.log"));
+        let mut args = vec!["run", "--election", ELECTION];
+        args.extend(options);
+        let starts_arg = starts.display().to_string();
+        args.extend(["--", "sh", "-c", script, &starts_arg]);
+        let mut command = self.command(&args);
+        command.envs(env.iter().copied());
+        let process = command
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn incumbent");
+        Candidate {
+            process: Guard(process),
+            starts,
+            log,
+        }
+    }
+}
+
+#[test]
+fn a_full_stderr_does_not_keep_sigterm_from_stopping_the_command_and_handing_over() {
+    let sandbox = Sandbox::new();
+    let pipe = UnreadPipe::new();
+    // Info lines too, so that there is plenty to write while the pipe is full.
+    let mut a = sandbox.candidate_with(
+        "a",
+        &[],
+        SLEEPER,
+        pipe.stdio(),
+        &[("RUST_LOG", "incumbent=debug")],
+    );
+    let first = a.start(1);
+    let b = sandbox.candidate("b");
+    b.following();
+    pipe.fill();
+
+    signal(a.pid(), libc::SIGTERM);
+    let second = b.start(1);
+    assert!(
+        !alive(first.pid),
+        "the old command still ran when the next leader's started"
+    );
+    assert!(second.token > first.token);
+    let status = a.process.exit_within(LIMIT).expect("exits");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn a_closed_stderr_neither_panics_nor_wedges_and_sigterm_still_stops_the_command() {
+    let sandbox = Sandbox::new();
+    let mut pipe = UnreadPipe::new();
+    pipe.close_reader();
+    // Every event of the library is written (and fails with EPIPE).
+    let mut a = sandbox.candidate_with(
+        "a",
+        &[],
+        SLEEPER,
+        pipe.stdio(),
+        &[("RUST_LOG", "incumbent=debug")],
+    );
+    let first = a.start(1);
+    thread::sleep(Duration::from_millis(300));
+    assert!(a.process.is_running(), "incumbent ended by itself");
+    assert!(alive(first.pid));
+
+    signal(a.pid(), libc::SIGTERM);
+    let status = a.process.exit_within(LIMIT).expect("exits on SIGTERM");
+    assert_eq!(status.code(), Some(0));
+    assert!(!alive(first.pid), "the command outlived its incumbent");
+    assert!(
+        sandbox.status_json()["leader"].is_null(),
+        "the lock is held"
+    );
+}
+
+#[test]
+fn a_closed_stderr_fails_nothing_when_the_command_exits_and_restarts() {
+    let sandbox = Sandbox::new();
+    let mut pipe = UnreadPipe::new();
+    pipe.close_reader();
+    let script = r#"echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; exit 3"#;
+    let mut a = sandbox.candidate_with("a", &[], script, pipe.stdio(), &[("RUST_LOG", "debug")]);
+    let first = a.start(1);
+    let second = a.start(2);
+    assert!(second.token > first.token);
+    assert!(a.process.is_running());
+    signal(a.pid(), libc::SIGTERM);
+    let status = a.process.exit_within(LIMIT).expect("exits on SIGTERM");
+    assert_eq!(status.code(), Some(0));
+}
+
+// ---- hard stop on an involuntary loss ----
+
+/// A command that ignores SIGTERM (its `sleep`s too: an ignored signal stays ignored
+/// across exec).
+const STUBBORN: &str = r#"trap '' TERM; echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; while :; do sleep 0.05; done"#;
+
+#[test]
+fn a_lost_lock_kills_a_command_that_ignores_sigterm_at_once_whatever_the_grace() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate_running("a", &["--grace", "30s"], STUBBORN);
+    let first = a.start(1);
+    assert!(alive(first.pid));
+
+    // The store (here, the lock file) takes the lock away: the next leader may start now.
+    let locks = sandbox.dir.path().join("locks");
+    let lock = fs::read_dir(&locks)
+        .expect("lock directory")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|e| e == "lock"))
+        .expect("a lock file");
+    let deleted = Instant::now();
+    fs::remove_file(&lock).expect("delete the lock file");
+    assert!(
+        wait_until(Duration::from_secs(5), || !alive(first.pid)),
+        "the command still runs {:?} after the lock was lost; log:\n{}",
+        deleted.elapsed(),
+        a.log()
+    );
+    assert!(a.log().contains("SIGKILL"), "{}", a.log());
+}
+
+#[test]
+fn a_second_sigterm_kills_the_command_at_once_and_ends_the_supervisor() {
+    let sandbox = Sandbox::new();
+    let mut a = sandbox.candidate_running("a", &["--grace", "30s"], STUBBORN);
+    let first = a.start(1);
+    signal(a.pid(), libc::SIGTERM);
+    thread::sleep(Duration::from_millis(300));
+    assert!(alive(first.pid), "the grace was not given");
+    let asked = Instant::now();
+    signal(a.pid(), libc::SIGTERM);
+    let status = a
+        .process
+        .exit_within(Duration::from_secs(5))
+        .expect("exits");
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(status.code().is_some(), "{status:?}");
+    assert!(!alive(first.pid), "log:\n{}", a.log());
+}
+
+// ---- the command's environment ----
+
+#[test]
+fn the_command_does_not_inherit_the_stores_credentials_unless_asked() {
+    let secrets = [
+        ("INCUMBENT_ETCD_USER", "user-7f3a"),
+        ("INCUMBENT_ETCD_PASSWORD", "secret-etcd-91b2"),
+        ("ETCDCTL_USER", "root:secret-ctl-55c1"),
+        ("ETCDCTL_PASSWORD", "secret-ctl-8d0e"),
+        ("CONSUL_HTTP_TOKEN", "secret-consul-4e6f"),
+        ("CONSUL_HTTP_AUTH", "op:secret-auth-3a9b"),
+    ];
+    let mut env = secrets.to_vec();
+    env.push(("APP_SETTING", "kept-2c4d"));
+    let script = r#"env > "$0.env"; echo "$$ $INCUMBENT_FENCING_TOKEN $INCUMBENT_TERM_STARTED $INCUMBENT_ELECTION" >> "$0"; exec sleep 600"#;
+
+    for (pass, name) in [(false, "a"), (true, "b")] {
+        let sandbox = Sandbox::new();
+        let options: &[&str] = if pass { &["--pass-credentials"] } else { &[] };
+        let log = fs::File::create(sandbox.dir.path().join(format!("{name}.log"))).expect("log");
+        let candidate = sandbox.candidate_with(name, options, script, log.into(), &env);
+        candidate.start(1);
+        let seen = fs::read_to_string(format!("{}.env", candidate.starts.display()))
+            .expect("the command's environment");
+        assert!(seen.contains("APP_SETTING=kept-2c4d"), "{seen}");
+        for (variable, value) in secrets {
+            assert_eq!(
+                seen.contains(value),
+                pass,
+                "{variable} with --pass-credentials={pass}:\n{seen}"
+            );
+        }
+    }
+}
+
+// ---- resign trusts no pid from the store ----
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+/// A leader of ELECTION, in this test process, whose metadata names `pid` as an
+/// `incumbent run` on this host would.
+struct FakeLeader {
+    runtime: tokio::runtime::Runtime,
+    campaign: Option<incumbent::Campaign>,
+}
+
+impl FakeLeader {
+    fn new(sandbox: &Sandbox, pid: &str) -> FakeLeader {
+        use incumbent::{Election, LeadershipEvent, file::FileBackend};
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let locks = sandbox.dir.path().join("locks");
+        let campaign = runtime.block_on(async {
+            let election = Election::builder(FileBackend::in_dir(locks), ELECTION)
+                .candidate("impostor")
+                .metadata("host", hostname())
+                .metadata("pid", pid)
+                .metadata("resign", "SIGUSR1")
+                .build()
+                .expect("election");
+            let mut campaign = election.campaign();
+            let elected = tokio::time::timeout(LIMIT, async {
+                while let Some(event) = campaign.recv().await {
+                    if matches!(event, LeadershipEvent::Elected(_)) {
+                        return true;
+                    }
+                }
+                false
+            })
+            .await;
+            assert_eq!(elected.ok(), Some(true), "the fake leader was not elected");
+            campaign
+        });
+        FakeLeader {
+            runtime,
+            campaign: Some(campaign),
+        }
+    }
+}
+
+impl Drop for FakeLeader {
+    fn drop(&mut self) {
+        if let Some(campaign) = self.campaign.take() {
+            let _ = self
+                .runtime
+                .block_on(async { tokio::time::timeout(LIMIT, campaign.shutdown()).await });
+        }
+    }
+}
+
+fn assert_refused(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    assert!(stderr.contains("refusing to signal"), "{stderr}");
+}
+
+#[test]
+fn resign_refuses_a_pid_that_would_signal_a_process_group() {
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    let _leader = FakeLeader::new(&sandbox, "0");
+    // In a process group of its own: were pid 0 signalled, only resign itself would be hit.
+    let mut resign = sandbox.command(&["resign", "--election", ELECTION, "--timeout", "1s"]);
+    resign.process_group(0);
+    assert_refused(&sandbox.output_of(resign));
+}
+
+#[test]
+fn resign_refuses_to_signal_itself() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let sandbox = Sandbox::new();
+    // A shell that waits, then becomes `incumbent resign` with the same pid; in a process
+    // group of its own, and with the environment `Sandbox::command` gives.
+    let template = sandbox.command(&[]);
+    let mut shell = Command::new("sh");
+    shell
+        .args([
+            "-c",
+            r#"read go; exec "$0" resign --election "$1" --timeout 1s"#,
+            BIN,
+            ELECTION,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    for (key, value) in template.get_envs() {
+        match value {
+            Some(value) => shell.env(key, value),
+            None => shell.env_remove(key),
+        };
+    }
+    let mut guard = Guard(shell.spawn().expect("spawn sh"));
+    let _leader = FakeLeader::new(&sandbox, &guard.pid().to_string());
+    let mut stdin = guard.0.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").expect("go");
+    drop(stdin);
+    let status = guard.exit_within(LIMIT).expect("resign exits");
+    let mut stderr = Vec::new();
+    if let Some(mut err) = guard.0.stderr.take() {
+        let _ = std::io::Read::read_to_end(&mut err, &mut stderr);
+    }
+    assert_refused(&Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    });
+}
+
+#[test]
+fn resign_refuses_to_signal_a_process_that_is_not_an_incumbent_run_of_the_election() {
+    let sandbox = Sandbox::new();
+    let mut unrelated = Guard(
+        Command::new("sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sleep"),
+    );
+    let _leader = FakeLeader::new(&sandbox, &unrelated.pid().to_string());
+    let output = sandbox.output(&["resign", "--election", ELECTION, "--timeout", "1s"]);
+    thread::sleep(Duration::from_millis(100));
+    assert!(
+        unrelated.is_running(),
+        "the unrelated process was signalled"
+    );
+    assert_refused(&output);
+}
+
+#[test]
+fn resign_refuses_to_signal_an_incumbent_run_of_another_election() {
+    let sandbox = Sandbox::new();
+    let mut other = Guard(
+        sandbox
+            .command(&["run", "--election", "jobs/other", "--", "sleep", "600"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn incumbent"),
+    );
+    let _leader = FakeLeader::new(&sandbox, &other.pid().to_string());
+    let output = sandbox.output(&["resign", "--election", ELECTION, "--timeout", "1s"]);
+    assert_refused(&output);
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("jobs/other"),
+        "{output:?}"
+    );
+    thread::sleep(Duration::from_millis(200));
+    assert!(
+        other.is_running(),
+        "the other election's incumbent was signalled"
+    );
+    signal(other.pid(), libc::SIGTERM);
+    assert!(other.exit_within(LIMIT).is_some());
+}

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! incumbent run     [--backend URL] --election NAME [--id ID] [--meta KEY=VALUE]…
-//!                   [--ttl DUR] [--lock-delay DUR] [--grace DUR] [--exit-with-child] -- CMD [ARG]…
+//!                   [--ttl DUR] [--lock-delay DUR] [--grace DUR] [--exit-with-child]
+//!                   [--pass-credentials] -- CMD [ARG]…
 //! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
 //! incumbent observe [--backend URL] --election NAME [--json]
 //! incumbent resign  [--backend URL] --election NAME [--timeout DUR]
@@ -10,10 +11,21 @@
 //! ```
 //!
 //! `run` campaigns for the election and runs `CMD` only while this process leads. The command
-//! is started in a process group of its own, with its standard input closed; on the loss of
-//! leadership (or on SIGINT / SIGTERM) the group gets SIGTERM, then SIGKILL after `--grace`,
-//! and only then is the lock released; a second SIGINT / SIGTERM kills the group at once.
-//! SIGHUP counts as SIGTERM.
+//! is started in a process group of its own, with its standard input closed. When the term
+//! ends, the group gets SIGTERM at once, before anything is logged, and SIGKILL:
+//! - after a voluntary end (SIGINT / SIGTERM / SIGHUP, SIGUSR1, the command's own exit), after
+//!   `--grace`; the lock is kept (and renewed) until the command is gone, then released;
+//! - after an involuntary loss (no renewal confirmed within the renew deadline, the session
+//!   or the lock lost), at `--grace` or at the term's stop-by instant, whichever comes first:
+//!   the last confirmed renewal's send time + ttl − ttl/10, or at once when the store has
+//!   already taken the lock. From then on the store may hand the lock to another candidate,
+//!   so a `--grace` longer than the renew deadline's slack (about ttl − renew deadline) is cut
+//!   short on such a loss. A watchdog thread, independent of the async runtime, kills the
+//!   group at that instant even if the supervisor itself is stuck, and, while the term lasts,
+//!   at "last confirmed renewal + ttl − ttl/10", pushed forward with each renewal.
+//!
+//! A second SIGINT / SIGTERM while stopping kills the group at once and exits within a second,
+//! released or not. SIGHUP counts as SIGTERM.
 //! When the command exits while leader, whatever is left of its process group is killed, and
 //! this process resigns and campaigns again (the command runs again when it is re-elected;
 //! after exits within 10 s of the start, only after a delay of 1 s, doubling up to 30 s, so
@@ -23,12 +35,27 @@
 //! processes the command started itself are not covered by that: `exec` the worker from
 //! wrapper scripts.
 //!
+//! What no supervisor can prevent: when this whole process is frozen (a paused VM, SIGSTOP of
+//! `incumbent`, a host swapping to a halt), nothing runs to stop the command, the lease
+//! expires, and another candidate leads while the old command may still act once the host
+//! thaws. Fencing tokens are the defence: pass `INCUMBENT_FENCING_TOKEN` with every write, and
+//! have the store that receives the writes reject a token lower than the highest it has seen.
+//!
+//! Status lines and the library's log lines go to stderr through a bounded queue written by a
+//! thread of its own: leading never waits on stderr. When nobody reads stderr fast enough,
+//! lines are dropped and counted ("N log line(s) dropped"); a closed stderr is ignored.
+//!
 //! The command's environment gets `INCUMBENT_ELECTION`, `INCUMBENT_CANDIDATE` (this
 //! candidate's id), `INCUMBENT_FENCING_TOKEN` (pass it with every write, so that stale leaders
-//! are rejected) and `INCUMBENT_TERM_STARTED` (RFC 3339, UTC, with milliseconds).
+//! are rejected) and `INCUMBENT_TERM_STARTED` (RFC 3339, UTC, with milliseconds). It does not
+//! get the store's credentials (`INCUMBENT_ETCD_USER`, `INCUMBENT_ETCD_PASSWORD`,
+//! `CONSUL_HTTP_TOKEN`, `CONSUL_HTTP_AUTH`, `ETCDCTL_USER`, `ETCDCTL_PASSWORD`, …) unless
+//! `--pass-credentials` is given.
 //! The candidate publishes `host` and `pid` in its metadata, with `resign=SIGUSR1`: SIGUSR1
 //! makes it resign (the term ends, the command is stopped, the lock released, and it campaigns
-//! again), which is what `incumbent resign`, run on the leader's host, sends.
+//! again), which is what `incumbent resign`, run on the leader's host, sends, but only after
+//! checking that the pid is an `incumbent run` of this election on this backend that was
+//! started before the term began (Linux), since anyone who can write the store chooses it.
 //!
 //! The backend comes from `--backend` or `INCUMBENT_BACKEND` (default `file:`, the default lock
 //! directory): see `incumbent::url`. Credentials come only from the environment.
@@ -38,7 +65,8 @@
 //! - `0`: success: `run` shut down gracefully (SIGINT, SIGTERM or SIGHUP); `status` printed
 //!   the leader, or that nobody leads; `observe` was interrupted; `resign` saw the leader go;
 //! - `1`: a run-time failure: the store failed, the command could not be started, the leader
-//!   could not be asked to resign, nobody leads;
+//!   could not be asked to resign (or its pid did not check out), nobody leads; `run` ended
+//!   by a second signal before the lock was released;
 //! - `2`: a usage or configuration error: bad options, a malformed backend URL, a backend not
 //!   compiled in, an invalid election name or timing, a command not found;
 //! - with `--exit-with-child`: the command's own exit status (128 + N if signal N killed it).
@@ -48,14 +76,19 @@
 mod duration;
 #[path = "incumbent/inspect.rs"]
 mod inspect;
+#[path = "incumbent/log.rs"]
+mod log;
 #[path = "incumbent/process.rs"]
 mod process;
 #[path = "incumbent/report.rs"]
 mod report;
 #[path = "incumbent/run.rs"]
 mod run;
+#[path = "incumbent/watchdog.rs"]
+mod watchdog;
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -91,7 +124,29 @@ Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failur
 const RUN_HELP: &str = "\
 The command's environment: INCUMBENT_ELECTION, INCUMBENT_CANDIDATE (this candidate's id), \
 INCUMBENT_FENCING_TOKEN (greater for every new term: send it with every write), \
-INCUMBENT_TERM_STARTED (RFC 3339, UTC, milliseconds). Its standard input is closed.
+INCUMBENT_TERM_STARTED (RFC 3339, UTC, milliseconds). Its standard input is closed. The \
+store's credentials (INCUMBENT_ETCD_USER, INCUMBENT_ETCD_PASSWORD, CONSUL_HTTP_TOKEN, \
+CONSUL_HTTP_AUTH, ETCDCTL_USER, ETCDCTL_PASSWORD, ...) are removed from it, unless \
+--pass-credentials.
+
+--grace and the ttl: after a voluntary end (a signal, SIGUSR1, the command's exit) the \
+command gets the whole --grace while the lock is kept. After an involuntary loss (no renewal \
+confirmed within the renew deadline, the session or the lock lost) the store may hand the \
+lock on soon: the command gets SIGTERM at once and SIGKILL at --grace or at the last \
+confirmed renewal's send time + ttl - ttl/10 (at once if the lock is already gone), \
+whichever is sooner. So on such a loss a command has about ttl - renew deadline to stop, \
+whatever --grace says. A watchdog thread kills it by then even if this process's main \
+thread is stuck.
+
+What no supervisor can prevent: if this whole process is frozen (a paused VM, SIGSTOP, a \
+host thrashing), nothing stops the command while the lease expires and another candidate \
+leads; the old command may act again when the host thaws. Fencing tokens are the defence: \
+send INCUMBENT_FENCING_TOKEN with every write and have the receiving store reject tokens \
+lower than the highest it has seen.
+
+Status and log lines never hold anything up: they go to stderr through a bounded queue; \
+when stderr is not read fast enough, lines are dropped and counted; a closed stderr is \
+ignored.
 
 When the command exits while leader, the rest of its process group is killed and this process \
 resigns; it runs the command again when re-elected (after repeated exits within 10s, only \
@@ -106,10 +161,11 @@ enum Command {
     /// Run CMD only while this process leads the election.
     ///
     /// The command starts when this process is elected, in a process group of its own. When
-    /// leadership ends, the group gets SIGTERM, then SIGKILL after --grace, and only then is
-    /// the lock released. SIGINT, SIGTERM or SIGHUP stop the command the same way, release the
-    /// lock and exit 0 (a second one kills the command at once); SIGUSR1 makes this process
-    /// resign and campaign again.
+    /// leadership ends, the group gets SIGTERM at once, then SIGKILL after --grace (after an
+    /// involuntary loss: sooner if the lease could expire sooner), and only then is the lock
+    /// released. SIGINT, SIGTERM or SIGHUP stop the command the same way, release the lock
+    /// and exit 0 (a second one kills the command at once and exits); SIGUSR1 makes this
+    /// process resign and campaign again.
     #[command(after_long_help = RUN_HELP)]
     Run(RunArgs),
     /// Print the current leader of the election.
@@ -117,6 +173,10 @@ enum Command {
     /// Print the leader of the election each time it changes, until interrupted.
     Observe(ObserveArgs),
     /// Ask the leader (an `incumbent run` on this host) to step down, and wait until it has.
+    ///
+    /// The leader's pid is read from the store, so it is checked first: it must be an
+    /// `incumbent run` of this election on this backend, started before its term (Linux);
+    /// anything else is refused (exit 1) and nothing is signalled.
     Resign(ResignArgs),
 }
 
@@ -154,13 +214,18 @@ struct RunArgs {
     /// After a lost session, how long the store keeps the lock from everyone (Consul).
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     lock_delay: Option<Duration>,
-    /// How long the command gets to exit after SIGTERM before its group gets SIGKILL.
+    /// How long the command gets to exit after SIGTERM before its group gets SIGKILL. After
+    /// an involuntary loss, SIGKILL comes sooner if the lease could expire sooner (see below).
     #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
     grace: Duration,
     /// When the command exits while leader, release the lock and exit with its status
     /// (instead of resigning and running it again when re-elected).
     #[arg(long)]
     exit_with_child: bool,
+    /// Let the command inherit the store's credentials (INCUMBENT_ETCD_USER,
+    /// INCUMBENT_ETCD_PASSWORD, CONSUL_HTTP_TOKEN, ETCDCTL_*, …), which it does not by default.
+    #[arg(long)]
+    pass_credentials: bool,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -269,20 +334,30 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             out.fatal(&format!("cannot start the async runtime: {e}"));
+            log::flush(LAST_LINES_WAIT);
             return ExitCode::from(1);
         }
     };
     // Everything runs on this, the main, thread, which lives as long as the process: the
     // command's parent-death signal fires when the thread that forked it exits.
     let outcome = runtime.block_on(dispatch(cli.command, out.clone()));
-    match outcome {
+    // Tasks still running (a follower blocked in `flock` on a blocking-pool thread, say) must
+    // not hold the exit up: everything worth waiting for is done.
+    runtime.shutdown_background();
+    let code = match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
             out.fatal(failure.message());
             ExitCode::from(failure.code())
         }
-    }
+    };
+    // The last lines, unless nobody reads stderr: then they are lost, not the exit.
+    log::flush(LAST_LINES_WAIT);
+    code
 }
+
+/// How long the program waits, when it exits, for its last log lines to be written.
+const LAST_LINES_WAIT: Duration = Duration::from_millis(500);
 
 async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
     match command {
@@ -298,6 +373,7 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 lock_delay: args.lock_delay,
                 grace: args.grace,
                 exit_with_child: args.exit_with_child,
+                pass_credentials: args.pass_credentials,
                 program,
                 args: args.command.into_iter().skip(1).collect(),
                 out,
@@ -324,11 +400,13 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
         }
         Command::Resign(args) => {
             let (url, election) = target(&args.target)?;
-            url.connect(inspect::Resign {
-                election,
-                timeout: args.timeout,
-            })
-            .await?
+            url.clone()
+                .connect(inspect::Resign {
+                    election,
+                    backend: url,
+                    timeout: args.timeout,
+                })
+                .await?
         }
     }
 }
@@ -369,6 +447,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         }
         _ => "; see incumbent --help",
     };
-    eprintln!("incumbent: {message}{hint}");
+    // Not `eprintln!`, which panics when stderr is a closed pipe.
+    let _ = writeln!(std::io::stderr(), "incumbent: {message}{hint}");
     ExitCode::from(2)
 }

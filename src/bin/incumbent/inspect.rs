@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use incumbent::Leader;
 use incumbent::backend::{Backend, Observer};
-use incumbent::url::WithBackend;
+use incumbent::url::{BackendUrl, WithBackend};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, timeout};
@@ -167,6 +167,8 @@ impl WithBackend for Observe {
 /// `incumbent resign`.
 pub struct Resign {
     pub election: String,
+    /// The backend, as given: the leader's process must use the same.
+    pub backend: BackendUrl,
     pub timeout: Duration,
 }
 
@@ -201,9 +203,20 @@ impl WithBackend for Resign {
                 "the leader {id} runs on host {host}, not on {here}; run `incumbent resign` on {host}"
             )));
         }
-        // SAFETY: kill has no memory-safety preconditions.
-        if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
-            let error = std::io::Error::last_os_error();
+        // The pid comes from the store: whoever can write the election's key chooses it. Only
+        // an `incumbent run` of this election, on this backend, that was running when the
+        // term began, is asked to resign.
+        let process = LeaderProcess::open(pid).map_err(|why| {
+            Failure::Runtime(format!(
+                "refusing to signal pid {pid}, which the leader {id} names in the store: {why}"
+            ))
+        })?;
+        if let Err(why) = process.verify(&self.election, &self.backend, leader.since_unix_ms) {
+            return Err(Failure::Runtime(format!(
+                "refusing to signal pid {pid}, which the leader {id} names in the store: {why}"
+            )));
+        }
+        if let Err(error) = process.signal(libc::SIGUSR1) {
             return Err(Failure::Runtime(format!(
                 "cannot signal the leader {id} (pid {pid}): {error}{}",
                 if error.raw_os_error() == Some(libc::EPERM) {
@@ -241,5 +254,275 @@ impl WithBackend for Resign {
                 human(self.timeout)
             ))),
         }
+    }
+}
+
+/// How much later than the leader's term start its process may seem to have started: the
+/// boot time the kernel reports has a resolution of one second, and the wall clock may have
+/// been adjusted since.
+const START_TOLERANCE_MS: u64 = 2_000;
+
+/// The options of `incumbent` that take a value, so that values are not taken for the
+/// subcommand.
+const VALUE_OPTIONS: &[&str] = &[
+    "--backend",
+    "--election",
+    "--id",
+    "--meta",
+    "--ttl",
+    "--lock-delay",
+    "--grace",
+    "--log-format",
+    "--timeout",
+];
+
+/// What a leader's command line says, as far as `resign` cares.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct RunLine {
+    subcommand: Option<String>,
+    election: Option<String>,
+    backend: Option<String>,
+}
+
+/// Reads `incumbent [OPTIONS] run [OPTIONS] -- CMD…` up to the `--`.
+fn parse_run_line(args: &[String]) -> RunLine {
+    let mut line = RunLine::default();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        if let Some(option) = arg.strip_prefix("--") {
+            let (name, inline) = match option.split_once('=') {
+                Some((name, value)) => (format!("--{name}"), Some(value.to_owned())),
+                None => (arg.clone(), None),
+            };
+            if !VALUE_OPTIONS.contains(&name.as_str()) {
+                continue;
+            }
+            let value = match inline {
+                Some(value) => Some(value),
+                None => args.next().cloned(),
+            };
+            match name.as_str() {
+                "--election" => line.election = value,
+                "--backend" => line.backend = value,
+                _ => {}
+            }
+        } else if arg.starts_with('-') {
+            // A short flag (-q): none takes a value.
+        } else if line.subcommand.is_none() {
+            line.subcommand = Some(arg.clone());
+        }
+    }
+    line
+}
+
+/// A process named by a leader's metadata, held so that its pid cannot be reused between the
+/// checks and the signal (Linux: a pidfd).
+struct LeaderProcess {
+    pid: libc::pid_t,
+    #[cfg(target_os = "linux")]
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+impl LeaderProcess {
+    /// Takes hold of `pid`, refusing pids that must never be signalled.
+    fn open(pid: libc::pid_t) -> Result<LeaderProcess, String> {
+        if pid <= 1 {
+            return Err(format!(
+                "{pid} is not the pid of one process (-1, 0 and 1 would signal many, or init)"
+            ));
+        }
+        if u32::try_from(pid).ok() == Some(std::process::id()) {
+            return Err("that is this very process".into());
+        }
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: pidfd_open takes a pid and flags, and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+            let pidfd = if fd >= 0 {
+                let fd = std::os::fd::RawFd::try_from(fd).map_err(|e| e.to_string())?;
+                // SAFETY: the descriptor was just returned to us, and nothing else owns it.
+                Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+            } else {
+                let error = std::io::Error::last_os_error();
+                match error.raw_os_error() {
+                    Some(libc::ESRCH) => return Err("no such process".into()),
+                    // An old kernel: signal by pid (checked just before).
+                    Some(libc::ENOSYS) => None,
+                    _ => return Err(format!("cannot look at it: {error}")),
+                }
+            };
+            Ok(LeaderProcess { pid, pidfd })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Ok(LeaderProcess { pid })
+        }
+    }
+
+    /// Checks that the process is an `incumbent run` of `election` on `backend`, started no
+    /// later than the term (`since_unix_ms`), so not a process that reused a dead leader's pid.
+    fn verify(
+        &self,
+        election: &str,
+        backend: &BackendUrl,
+        since_unix_ms: Option<u64>,
+    ) -> Result<(), String> {
+        let proc = std::path::PathBuf::from(format!("/proc/{}", self.pid));
+        let cmdline = std::fs::read(proc.join("cmdline"))
+            .map_err(|e| format!("cannot read its command line: {e}"))?;
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        let Some((program, rest)) = args.split_first() else {
+            return Err("it has no command line (a kernel thread, or a zombie)".into());
+        };
+        let exe = std::fs::read_link(proc.join("exe")).ok();
+        let named_incumbent = |path: &std::path::Path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.trim_end_matches(" (deleted)") == "incumbent")
+        };
+        if !named_incumbent(std::path::Path::new(program))
+            && !exe.as_deref().is_some_and(named_incumbent)
+        {
+            return Err(format!("it is not incumbent: it runs {program}"));
+        }
+        let line = parse_run_line(rest);
+        if line.subcommand.as_deref() != Some("run") {
+            return Err("it is not an `incumbent run`".into());
+        }
+        if line.election.as_deref() != Some(election) {
+            return Err(format!(
+                "it runs election {}, not {election}",
+                line.election.as_deref().unwrap_or("(none)")
+            ));
+        }
+        let its_backend = match line.backend {
+            Some(backend) => backend,
+            None => {
+                let environ = std::fs::read(proc.join("environ")).map_err(|e| {
+                    format!("cannot read its environment, to check its backend: {e}")
+                })?;
+                environ
+                    .split(|&b| b == 0)
+                    .find_map(|var| var.strip_prefix(b"INCUMBENT_BACKEND="))
+                    .map(|value| String::from_utf8_lossy(value).into_owned())
+                    .unwrap_or_else(|| "file:".into())
+            }
+        };
+        match its_backend.parse::<BackendUrl>() {
+            Ok(its) if its == *backend => {}
+            _ => return Err("it runs the election on another backend".into()),
+        }
+        if let (Some(since), Some(started)) = (since_unix_ms, started_unix_ms(&proc))
+            && started > since.saturating_add(START_TOLERANCE_MS)
+        {
+            return Err(
+                "it started after the leader's term began: the leader's pid now belongs to another process"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to the process (through its pidfd where there is one).
+    fn signal(&self, signal: libc::c_int) -> std::io::Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(pidfd) = &self.pidfd {
+            use std::os::fd::AsRawFd;
+            // SAFETY: pidfd_send_signal takes a descriptor we own, a signal number, a null
+            // siginfo and flags.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    signal,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            return if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            };
+        }
+        // SAFETY: kill has no memory-safety preconditions; `pid > 1` (see `open`).
+        if unsafe { libc::kill(self.pid, signal) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// When the process of `/proc/<pid>` started, in Unix milliseconds (Linux), if known.
+fn started_unix_ms(proc: &std::path::Path) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc.join("stat")).ok()?;
+    // Field 22, counted from 1; the fields after the command name `(…)` start at field 3.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let ticks: u64 = rest.split_whitespace().nth(22 - 3)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    if per_second == 0 {
+        return None;
+    }
+    boot.checked_mul(1000)?
+        .checked_add(ticks.checked_mul(1000)? / per_second)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn pids_that_name_many_processes_or_this_one_are_refused_before_anything_is_signalled() {
+        for pid in [-1, 0, 1, -42] {
+            assert!(LeaderProcess::open(pid).is_err(), "{pid}");
+        }
+        let me = libc::pid_t::try_from(std::process::id()).expect("pid fits");
+        assert!(LeaderProcess::open(me).is_err());
+    }
+
+    #[test]
+    fn a_process_that_is_not_incumbent_is_refused() {
+        // This test binary: alive, ours, but not `incumbent run`.
+        let parent = unsafe { libc::getppid() };
+        if let Ok(process) = LeaderProcess::open(parent) {
+            let backend: BackendUrl = "file:".parse().expect("url");
+            assert!(process.verify("jobs/a", &backend, None).is_err());
+        }
+    }
+
+    #[test]
+    fn the_run_line_is_read_up_to_the_double_dash() {
+        let line = parse_run_line(&args(
+            "--log-format json run --id run --election=jobs/a --backend etcd://h:2379 -- run --election x",
+        ));
+        assert_eq!(line.subcommand.as_deref(), Some("run"));
+        assert_eq!(line.election.as_deref(), Some("jobs/a"));
+        assert_eq!(line.backend.as_deref(), Some("etcd://h:2379"));
+
+        let status = parse_run_line(&args("status --election jobs/a"));
+        assert_eq!(status.subcommand.as_deref(), Some("status"));
+
+        let smuggled = parse_run_line(&args("observe --election jobs/a -- run"));
+        assert_eq!(smuggled.subcommand.as_deref(), Some("observe"));
     }
 }

@@ -2,7 +2,6 @@
 //! this process's life, and stopped as a group.
 
 use std::ffi::OsString;
-use std::future::Future;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -12,9 +11,10 @@ use std::time::Duration;
 
 use incumbent::{Term, TermGuard};
 use tokio::process::{Child, Command};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 use crate::report::rfc3339;
+use crate::watchdog;
 
 /// Finds the program to run: a path with a `/` must be an executable file; a bare name is
 /// looked up on `PATH`. Checked once at start, so that a typo fails at once (exit code 2)
@@ -52,6 +52,30 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Environment variables that carry the store's credentials (or say where to find them):
+/// the command does not inherit them unless `--pass-credentials` asks for it.
+pub const CREDENTIAL_VARIABLES: &[&str] = &[
+    "INCUMBENT_ETCD_USER",
+    "INCUMBENT_ETCD_PASSWORD",
+    "INCUMBENT_CONSUL_TOKEN",
+    "ETCDCTL_USER",
+    "ETCDCTL_PASSWORD",
+    "CONSUL_HTTP_TOKEN",
+    "CONSUL_HTTP_TOKEN_FILE",
+    "CONSUL_HTTP_AUTH",
+];
+
+/// Prefixes of further variables of the same kind (the store settings `incumbent` reads).
+const CREDENTIAL_PREFIXES: &[&str] = &["INCUMBENT_ETCD_", "INCUMBENT_CONSUL_"];
+
+/// Whether the variable `name` carries (or locates) the store's credentials.
+pub fn is_credential(name: &std::ffi::OsStr) -> bool {
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    CREDENTIAL_VARIABLES.contains(&name) || CREDENTIAL_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
 /// The command, running for one term.
 #[derive(Debug)]
 pub struct Running {
@@ -59,26 +83,27 @@ pub struct Running {
     /// The child's pid, which is also its process group's id.
     group: libc::pid_t,
     started: Instant,
+    /// The term the command runs for.
+    term: Term,
+    /// Whether the command's exit status has been collected (its pid may be reused since).
+    reaped: bool,
     /// Keeps the lock from being released until the command is gone (up to the election's
     /// grace, which is longer than the command's).
     _guard: TermGuard,
 }
 
-/// How a command ended when it was stopped.
+/// What happened to a running command.
 #[derive(Debug)]
-pub struct Stopped {
-    /// The command's exit status, if it could be collected.
-    pub status: Option<ExitStatus>,
-    /// Whether it had to be killed (the grace ran out, or `hurry` completed).
-    pub killed: bool,
-    /// Whether `hurry` completed before the command exited.
-    pub hurried: bool,
-    /// How long stopping took.
-    pub took: Duration,
+pub enum Next {
+    /// It exited by itself (its status collected).
+    Exited(io::Result<ExitStatus>),
+    /// Its term ended: stop it.
+    TermEnded,
 }
 
 impl Running {
-    /// Starts `program args` for `term`, with the term in its environment.
+    /// Starts `program args` for `term`, with the term in its environment, and without the
+    /// store's credentials unless `pass_credentials`.
     ///
     /// Must be called from the main thread (see `main`): on Linux the command is killed when
     /// the thread that started it exits.
@@ -87,8 +112,16 @@ impl Running {
         args: &[OsString],
         term: &Term,
         candidate: &str,
+        pass_credentials: bool,
     ) -> io::Result<Running> {
         let mut command = Command::new(program);
+        if !pass_credentials {
+            for (name, _) in std::env::vars_os() {
+                if is_credential(&name) {
+                    command.env_remove(name);
+                }
+            }
+        }
         command
             .args(args)
             .env("INCUMBENT_ELECTION", term.election())
@@ -107,18 +140,26 @@ impl Running {
         let group = child
             .id()
             .and_then(|id| libc::pid_t::try_from(id).ok())
+            .filter(|&id| id > 1)
             .ok_or_else(|| io::Error::other("the command exited before it could be watched"))?;
         Ok(Running {
             child,
             group,
             started: Instant::now(),
+            term: term.clone(),
+            reaped: false,
             _guard: guard,
         })
     }
 
-    /// The command's pid.
+    /// The command's pid, which is also its process group's id.
     pub fn pid(&self) -> libc::pid_t {
         self.group
+    }
+
+    /// The term it runs for.
+    pub fn term(&self) -> &Term {
+        &self.term
     }
 
     /// How long it has been running.
@@ -126,50 +167,65 @@ impl Running {
         self.started.elapsed()
     }
 
-    /// Completes when the command exits by itself.
-    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        self.child.wait().await
+    /// Completes when the command exits by itself, or when its term ends, whichever first.
+    pub async fn next(&mut self) -> Next {
+        let term = self.term.clone();
+        tokio::select! {
+            biased;
+            () = term.cancelled() => Next::TermEnded,
+            exited = self.wait() => Next::Exited(exited),
+        }
     }
 
-    /// Kills whatever is left of the command's process group, after the command exited.
-    pub fn sweep(&self) {
-        signal_group(self.group, libc::SIGKILL);
+    /// Completes when the command exits; the watchdog forgets its group at once.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        let exited = self.child.wait().await;
+        if exited.is_ok() {
+            self.reaped = true;
+            // The pid (and so the group's id) may be reused from now on. The window between
+            // the reaping just done and this call is a few instructions; the kernel hands
+            // out pids in order, so a reuse within it would need all pids to wrap around.
+            watchdog::disarm(self.group);
+        }
+        exited
+    }
+
+    /// SIGTERM to the whole group, now.
+    pub fn terminate(&self) {
+        if !self.reaped {
+            signal_group(self.group, libc::SIGTERM);
+        }
     }
 
     /// SIGKILL to the whole group, now.
     pub fn kill_now(&self) {
-        signal_group(self.group, libc::SIGKILL);
+        if !self.reaped {
+            signal_group(self.group, libc::SIGKILL);
+        }
     }
 
-    /// Stops the command: SIGTERM to its group, up to `grace` for it to exit (or until
-    /// `hurry` completes), then SIGKILL to the group. Anything left in the group is killed
-    /// once the command is gone. Dropping the result releases the term's guard.
-    pub async fn stop(mut self, grace: Duration, hurry: impl Future<Output = ()>) -> Stopped {
-        let began = Instant::now();
-        signal_group(self.group, libc::SIGTERM);
-        let (exited, hurried) = tokio::select! {
-            exited = timeout(grace, self.child.wait()) => (exited.ok(), false),
-            () = hurry => (None, true),
-        };
-        let (status, killed) = match exited {
-            Some(status) => (status.ok(), false),
-            None => {
-                signal_group(self.group, libc::SIGKILL);
-                (self.child.wait().await.ok(), true)
-            }
-        };
-        self.sweep();
-        Stopped {
-            status,
-            killed,
-            hurried,
-            took: began.elapsed(),
+    /// Kills whatever is left of the command's process group, after the command exited.
+    pub fn sweep(&self) {
+        // Right after the reaping: processes left in the group keep its id in use.
+        signal_group(self.group, libc::SIGKILL);
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // Not only the command (kill_on_drop): everything in its group.
+            signal_group(self.group, libc::SIGKILL);
         }
+        watchdog::disarm(self.group);
     }
 }
 
 /// Sends `signal` to every process in group `group`. A group that is already gone is fine.
 fn signal_group(group: libc::pid_t, signal: libc::c_int) {
+    if group <= 1 {
+        return; // -1 would mean every process we may signal
+    }
     // SAFETY: kill has no memory-safety preconditions; a negative pid names a process group.
     unsafe {
         libc::kill(-group, signal);

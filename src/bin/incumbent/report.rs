@@ -1,12 +1,15 @@
 //! Status lines on stderr, for people (`text`) or machines (`json`), and the times in them.
+//!
+//! Every line goes through [`crate::log`]: writing one never blocks, and never fails.
 
 pub use incumbent::time::{human, rfc3339};
-use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use clap::ValueEnum;
 use incumbent::Leader;
 use serde_json::{Map, Value, json};
+
+use crate::log;
 
 /// How status lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -43,14 +46,22 @@ impl Reporter {
     }
 
     /// Sends the library's own `tracing` events (warnings and errors, or what `RUST_LOG`
-    /// asks for) to stderr in the same format.
+    /// asks for) to stderr in the same format, through the same non-blocking queue as the
+    /// status lines; panic messages too.
     pub fn install_tracing(&self) {
         use tracing_subscriber::EnvFilter;
+        log::set_format(match self.format {
+            LogFormat::Text => log::NoticeFormat::Text,
+            LogFormat::Json => log::NoticeFormat::Json,
+        });
+        log::install_panic_hook();
         let filter = EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| EnvFilter::new(if self.quiet { "error" } else { "warn" }));
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr);
+            // Never `eprint!` a failed write: that panics on a closed stderr.
+            .log_internal_errors(false)
+            .with_writer(log::Writer);
         let _ = match self.format {
             LogFormat::Text => builder.try_init(),
             LogFormat::Json => builder.json().try_init(),
@@ -72,9 +83,7 @@ impl Reporter {
     /// The error that ends the program.
     pub fn fatal(&self, message: &str) {
         match self.format {
-            LogFormat::Text => {
-                let _ = writeln!(std::io::stderr().lock(), "incumbent: {message}");
-            }
+            LogFormat::Text => log::line(format!("incumbent: {message}\n").into_bytes()),
             LogFormat::Json => self.error(message),
         }
     }
@@ -100,7 +109,7 @@ impl Reporter {
                 Value::Object(object).to_string()
             }
         };
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        log::line(format!("{line}\n").into_bytes());
     }
 }
 

@@ -6,18 +6,30 @@ use std::time::Duration;
 
 use incumbent::backend::Backend;
 use incumbent::url::WithBackend;
-use incumbent::{CampaignHandle, Election, LeadershipEvent, Term};
+use incumbent::{CampaignHandle, Election, LeadershipEvent, Status, Term};
 use serde_json::json;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
 use crate::Failure;
-use crate::process::{self, Running};
+use crate::process::{self, Next, Running};
 use crate::report::{Reporter, human, leader_json, leader_text, millis};
+use crate::watchdog;
 
 /// The election's grace exceeds the command's by this much, so that the lock is released
 /// only after the command is gone, even when it had to be killed.
 const GRACE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The watchdog kills the command a tenth of the ttl before the lease could expire, as the
+/// library's `Term::stop_by` does.
+const WATCHDOG_MARGIN_DIVISOR: u32 = 10;
+
+/// After a second stop signal, how long the campaign still gets to release the lock.
+const FORCED_EXIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Stands for "never" where an instant is needed (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86400 * 365 * 30);
 
 /// A command that exits by itself sooner than this after it started counts as crashing.
 const QUICK_EXIT: Duration = Duration::from_secs(10);
@@ -45,6 +57,8 @@ pub struct Run {
     pub lock_delay: Option<Duration>,
     pub grace: Duration,
     pub exit_with_child: bool,
+    /// Whether the command inherits the store's credentials.
+    pub pass_credentials: bool,
     pub program: PathBuf,
     pub args: Vec<OsString>,
     pub out: Reporter,
@@ -75,9 +89,13 @@ impl WithBackend for Run {
         let election = builder.build()?;
         let signals =
             Signals::new().map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
+        if !watchdog::start() {
+            return Err(Failure::Runtime("cannot start the watchdog thread".into()));
+        }
         Supervisor {
             out: self.out.for_election(&self.election),
             candidate: election.config().candidate.id.clone(),
+            ttl: election.config().ttl,
             settings: self,
             signals,
         }
@@ -121,16 +139,6 @@ impl Signals {
             else => std::future::pending().await,
         }
     }
-
-    /// The next SIGINT, SIGTERM or SIGHUP.
-    async fn stop(&mut self) {
-        tokio::select! {
-            Some(()) = self.interrupt.recv() => {}
-            Some(()) = self.terminate.recv() => {}
-            Some(()) = self.hangup.recv() => {}
-            else => std::future::pending().await,
-        }
-    }
 }
 
 struct Supervisor {
@@ -138,17 +146,41 @@ struct Supervisor {
     out: Reporter,
     candidate: String,
     signals: Signals,
+    /// The election's ttl, for the watchdog's deadline.
+    ttl: Duration,
+}
+
+/// A command being stopped: it has had SIGTERM, and gets SIGKILL at `kill_at`.
+struct Stopping {
+    running: Running,
+    kill_at: Instant,
+    /// Whether the group has had SIGKILL.
+    killed: bool,
+    began: Instant,
+}
+
+/// What happened to the command being stopped.
+enum StopEvent {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    KillDue,
 }
 
 /// Where the supervisor is in its life.
 struct State {
+    /// The command, while its term lasts.
     running: Option<Running>,
-    /// A term whose command starts at the instant, after a restart delay.
+    /// The command of a term that has ended, until it is gone. A new term's command starts
+    /// only after it.
+    stopping: Option<Stopping>,
+    /// A term whose command starts at the instant, after a restart delay (and once no
+    /// command is being stopped).
     pending: Option<(Term, Instant)>,
     /// How many times in a row the command exited within [`QUICK_EXIT`].
     quick_exits: u32,
     /// Shutting down: the campaign's end is the program's end.
-    stopping: bool,
+    shutting_down: bool,
+    /// After a second stop signal: when to give up waiting for the campaign and exit.
+    give_up_at: Option<Instant>,
     exit_code: u8,
     /// Since when this candidate has been without a term, for "elected after …".
     waiting_since: Instant,
@@ -170,77 +202,256 @@ impl Supervisor {
         );
         let mut campaign = election.campaign();
         let handle = campaign.handle();
+        let mut status = campaign.status();
         let mut state = State {
             running: None,
+            stopping: None,
             pending: None,
             quick_exits: 0,
-            stopping: false,
+            shutting_down: false,
+            give_up_at: None,
             exit_code: 0,
             waiting_since: Instant::now(),
             shown_leader: None,
         };
         loop {
             tokio::select! {
+                // The command comes first: when its term ends, it is signalled before anything
+                // else is looked at (and nothing here ever waits on stderr: see `crate::log`).
+                biased;
+                next = next(&mut state.running) => match next {
+                    Next::TermEnded => self.fence(&mut state),
+                    Next::Exited(exited) => self.on_exit(exited, &mut state, &handle),
+                },
+                event = stopping_next(&mut state.stopping) => self.on_stopping(event, &mut state),
+                received = self.signals.recv() => self.on_signal(received, &mut state, &handle),
+                () = sleep_until_some(state.give_up_at) => {
+                    return Err(Failure::Runtime(
+                        "stopped without releasing the lock: the campaign did not end in time after a second signal".into(),
+                    ));
+                }
+                Ok(()) = status.changed() => self.rearm(&status.borrow_and_update(), &state),
                 event = campaign.recv() => match event {
-                    Some(event) => self.on_event(event, &mut state, &handle).await,
-                    None if state.stopping => {
+                    Some(event) => self.on_event(event, &mut state, &handle, &status),
+                    None if state.shutting_down => {
                         self.out.event("stopped", "stopped; the lock is released", json!({}));
                         return Ok(state.exit_code);
                     }
                     None => return Err(Failure::Runtime("the campaign stopped unexpectedly".into())),
                 },
-                exited = wait(&mut state.running) => self.on_exit(exited, &mut state, &handle),
-                () = due(&state.pending) => {
+                () = due(&state.pending), if state.stopping.is_none() => {
                     if let Some((term, _)) = state.pending.take() {
-                        self.start(&term, &mut state, &handle);
+                        self.start(&term, &mut state, &handle, &status);
                     }
                 }
-                received = self.signals.recv() => match received {
-                    Received::Stop(name) if !state.stopping => {
-                        self.out.event(
-                            "stopping",
-                            &format!("{name}: shutting down"),
-                            json!({ "signal": name }),
-                        );
-                        shut_down(&mut state, &handle, 0);
-                    }
-                    Received::Stop(name) => {
-                        if let Some(running) = &state.running {
-                            self.out.event(
-                                "killing",
-                                &format!("{name} again: killing the command's process group"),
-                                json!({ "signal": name, "pid": running.pid() }),
-                            );
-                            running.kill_now();
-                        }
-                    }
-                    Received::Resign
-                        if (state.running.is_some() || state.pending.is_some()) && !state.stopping =>
-                    {
-                        self.out.event("resigning", "SIGUSR1: resigning", json!({ "signal": "SIGUSR1" }));
-                        let handle = handle.clone();
-                        tokio::spawn(async move { handle.resign().await });
-                    }
-                    Received::Resign => {
-                        self.out.event(
-                            "resigning",
-                            "SIGUSR1: not leading; nothing to resign",
-                            json!({ "signal": "SIGUSR1" }),
-                        );
-                    }
-                },
             }
         }
     }
 
-    async fn on_event(
+    /// The running command's term has ended (or this process is shutting down): SIGTERM to
+    /// its group now; SIGKILL after the grace, or at the term's `stop_by` if that is sooner
+    /// (an involuntary loss: from then on the store may hand the lock on). The watchdog
+    /// thread kills it at `stop_by` even if this thread cannot. Logged only afterwards.
+    fn fence(&mut self, state: &mut State) {
+        let Some(running) = state.running.take() else {
+            return;
+        };
+        running.terminate();
+        let now = Instant::now();
+        let stop_by = running.term().stop_by();
+        let grace_ends = now
+            .checked_add(self.settings.grace)
+            .or_else(|| now.checked_add(FAR_FUTURE))
+            .unwrap_or(now);
+        let kill_at = match stop_by {
+            Some(at) => {
+                watchdog::arm(running.pid(), at.into_std());
+                grace_ends.min(at)
+            }
+            // A voluntary end: the lock is kept (and renewed) until the command is gone.
+            None => {
+                watchdog::disarm(running.pid());
+                grace_ends
+            }
+        };
+        let killed = kill_at <= now;
+        if killed {
+            running.kill_now();
+        }
+        let pid = running.pid();
+        state.stopping = Some(Stopping {
+            running,
+            kill_at,
+            killed,
+            began: now,
+        });
+        let until = kill_at.saturating_duration_since(now);
+        let message = match (stop_by, killed) {
+            (_, true) => format!(
+                "stopping the command: SIGKILL to process group {pid} (the lease may be gone already)"
+            ),
+            (Some(_), false) if kill_at < grace_ends => format!(
+                "stopping the command: SIGTERM to process group {pid}, SIGKILL in {} (before the lease can expire)",
+                human(until)
+            ),
+            _ => format!(
+                "stopping the command: SIGTERM to process group {pid}, SIGKILL after {}",
+                human(until)
+            ),
+        };
+        self.out.event(
+            "command_stopping",
+            &message,
+            json!({ "pid": pid, "grace_ms": millis(self.settings.grace), "kill_in_ms": millis(until), "killed": killed }),
+        );
+    }
+
+    fn on_stopping(&mut self, event: StopEvent, state: &mut State) {
+        match event {
+            StopEvent::KillDue => {
+                let Some(stopping) = &mut state.stopping else {
+                    return;
+                };
+                stopping.running.kill_now();
+                stopping.killed = true;
+                let pid = stopping.running.pid();
+                self.out.event(
+                    "command_killing",
+                    &format!("the command is still running: SIGKILL to process group {pid}"),
+                    json!({ "pid": pid }),
+                );
+            }
+            StopEvent::Exited(exited) => {
+                let Some(stopping) = state.stopping.take() else {
+                    return;
+                };
+                stopping.running.sweep();
+                let pid = stopping.running.pid();
+                let took = stopping.began.elapsed();
+                // Releases the term's guard: the campaign may release the lock now.
+                drop(stopping.running);
+                let status = exited
+                    .map(process::describe)
+                    .unwrap_or_else(|e| format!("an unknown status ({e})"));
+                self.out.event(
+                    "command_stopped",
+                    &format!(
+                        "the command {} after {} with {status}",
+                        if stopping.killed { "was killed" } else { "stopped" },
+                        human(took)
+                    ),
+                    json!({ "pid": pid, "killed": stopping.killed, "took_ms": millis(took), "status": status }),
+                );
+            }
+        }
+    }
+
+    fn on_signal(&mut self, received: Received, state: &mut State, handle: &CampaignHandle) {
+        match received {
+            Received::Stop(name) if !state.shutting_down => {
+                // Signal first: the command gets SIGTERM now (a command already being stopped
+                // gets SIGKILL), then the campaign ends the term and releases the lock.
+                let hurried = state.stopping.as_mut().map(|stopping| {
+                    stopping.running.kill_now();
+                    stopping.killed = true;
+                    stopping.running.pid()
+                });
+                self.fence(state);
+                shut_down(state, handle, 0);
+                self.out.event(
+                    "stopping",
+                    &format!("{name}: shutting down"),
+                    json!({ "signal": name }),
+                );
+                if let Some(pid) = hurried {
+                    self.out.event(
+                        "command_killing",
+                        &format!("{name} while the command was being stopped: SIGKILL to process group {pid}"),
+                        json!({ "signal": name, "pid": pid }),
+                    );
+                }
+            }
+            Received::Stop(name) => {
+                let mut pids = Vec::new();
+                if let Some(running) = &state.running {
+                    running.kill_now();
+                    pids.push(running.pid());
+                }
+                if let Some(stopping) = &mut state.stopping {
+                    stopping.running.kill_now();
+                    stopping.killed = true;
+                    pids.push(stopping.running.pid());
+                }
+                if state.give_up_at.is_none() {
+                    state.give_up_at = Some(Instant::now() + FORCED_EXIT_WAIT);
+                }
+                self.out.event(
+                    "killing",
+                    &format!(
+                        "{name} again: killing the command's process group; exiting within {}",
+                        human(FORCED_EXIT_WAIT)
+                    ),
+                    json!({ "signal": name, "pids": pids }),
+                );
+            }
+            Received::Resign
+                if (state.running.is_some() || state.pending.is_some()) && !state.shutting_down =>
+            {
+                let handle = handle.clone();
+                tokio::spawn(async move { handle.resign().await });
+                self.out.event(
+                    "resigning",
+                    "SIGUSR1: resigning",
+                    json!({ "signal": "SIGUSR1" }),
+                );
+            }
+            Received::Resign => {
+                self.out.event(
+                    "resigning",
+                    "SIGUSR1: not leading; nothing to resign",
+                    json!({ "signal": "SIGUSR1" }),
+                );
+            }
+        }
+    }
+
+    /// Keeps the watchdog armed at the lease's last safe instant while the command's term
+    /// lasts: the last confirmed renewal's send time + ttl − ttl/10 (as the term's `stop_by`
+    /// would be), pushed forward with each renewal the campaign reports.
+    fn rearm(&self, status: &Status, state: &State) {
+        let Some(running) = &state.running else {
+            return;
+        };
+        let term = running.term();
+        let (Some(current), Some(last), Some(_)) =
+            (&status.term, status.last_renewal, status.renew_deadline_at)
+        else {
+            return;
+        };
+        if term.is_cancelled() || current.fencing_token() != term.fencing_token() {
+            return;
+        }
+        let at = last + self.ttl - self.ttl / WATCHDOG_MARGIN_DIVISOR;
+        watchdog::arm(running.pid(), at.into_std());
+    }
+
+    fn on_event(
         &mut self,
         event: LeadershipEvent,
         state: &mut State,
         handle: &CampaignHandle,
+        status: &watch::Receiver<Status>,
     ) {
         match event {
             LeadershipEvent::Elected(term) => {
+                state.shown_leader = None;
+                let start = !state.shutting_down;
+                let delay = restart_delay(state.quick_exits);
+                if start && delay.is_zero() && state.stopping.is_none() {
+                    self.start(&term, state, handle, status);
+                } else if start {
+                    state.pending = Some((term.clone(), Instant::now() + delay));
+                }
                 let token = term.fencing_token();
                 let waited = state.waiting_since.elapsed();
                 self.out.event(
@@ -248,14 +459,7 @@ impl Supervisor {
                     &format!("elected (fencing token {token}) after {}", human(waited)),
                     json!({ "fencing_token": token, "waited_ms": millis(waited) }),
                 );
-                state.shown_leader = None;
-                if state.stopping {
-                    return;
-                }
-                let delay = restart_delay(state.quick_exits);
-                if delay.is_zero() {
-                    self.start(&term, state, handle);
-                } else {
+                if start && !delay.is_zero() {
                     self.out.event(
                         "command_delayed",
                         &format!(
@@ -265,50 +469,36 @@ impl Supervisor {
                         ),
                         json!({ "quick_exits": state.quick_exits, "delay_ms": millis(delay) }),
                     );
-                    state.pending = Some((term, Instant::now() + delay));
                 }
             }
             LeadershipEvent::Demoted {
                 fencing_token,
                 reason,
+                stop_by,
             } => {
+                // The command was stopped when the term was cancelled, before this event.
+                if state
+                    .running
+                    .as_ref()
+                    .is_some_and(|r| r.term().is_cancelled())
+                {
+                    self.fence(state);
+                }
+                if state
+                    .pending
+                    .as_ref()
+                    .is_some_and(|(term, _)| term.is_cancelled())
+                {
+                    state.pending = None;
+                }
                 state.waiting_since = Instant::now();
-                state.pending = None;
+                let stop_by_ms =
+                    stop_by.map(|at| millis(at.saturating_duration_since(Instant::now())));
                 self.out.event(
                     "demoted",
                     &format!("demoted (fencing token {fencing_token}): {reason}"),
-                    json!({ "fencing_token": fencing_token, "reason": reason.as_str() }),
+                    json!({ "fencing_token": fencing_token, "reason": reason.as_str(), "stop_by_in_ms": stop_by_ms }),
                 );
-                let Some(running) = state.running.take() else {
-                    return;
-                };
-                let pid = running.pid();
-                self.out.event(
-                    "command_stopping",
-                    &format!(
-                        "stopping the command: SIGTERM to process group {pid}, SIGKILL after {}",
-                        human(self.settings.grace)
-                    ),
-                    json!({ "pid": pid, "grace_ms": millis(self.settings.grace) }),
-                );
-                let stopped = running.stop(self.settings.grace, self.signals.stop()).await;
-                let status = stopped
-                    .status
-                    .map(process::describe)
-                    .unwrap_or_else(|| "an unknown status".into());
-                self.out.event(
-                    "command_stopped",
-                    &format!(
-                        "the command {} after {} with {status}",
-                        if stopped.killed { "was killed" } else { "stopped" },
-                        human(stopped.took)
-                    ),
-                    json!({ "pid": pid, "killed": stopped.killed, "took_ms": millis(stopped.took), "status": status }),
-                );
-                if stopped.hurried && !state.stopping {
-                    // A stop signal while the command was being stopped: shut down too.
-                    shut_down(state, handle, 0);
-                }
             }
             LeadershipEvent::LeaderChanged(leader) => match leader {
                 Some(leader) if leader.candidate.id != self.candidate => {
@@ -334,30 +524,45 @@ impl Supervisor {
     }
 
     /// Starts the command for `term`; shuts down if it cannot be started.
-    fn start(&mut self, term: &Term, state: &mut State, handle: &CampaignHandle) {
+    fn start(
+        &mut self,
+        term: &Term,
+        state: &mut State,
+        handle: &CampaignHandle,
+        status: &watch::Receiver<Status>,
+    ) {
         if term.is_cancelled() {
             return; // the term ended meanwhile; its Demoted event is on its way
         }
         let s = &self.settings;
-        match Running::start(&s.program, &s.args, term, &self.candidate) {
+        match Running::start(
+            &s.program,
+            &s.args,
+            term,
+            &self.candidate,
+            s.pass_credentials,
+        ) {
             Ok(running) => {
+                let pid = running.pid();
+                state.running = Some(running);
+                self.rearm(&status.borrow(), state);
                 self.out.event(
                     "command_started",
-                    &format!("started {} (pid {})", s.program.display(), running.pid()),
-                    json!({ "pid": running.pid(), "fencing_token": term.fencing_token() }),
+                    &format!("started {} (pid {pid})", self.settings.program.display()),
+                    json!({ "pid": pid, "fencing_token": term.fencing_token() }),
                 );
-                state.running = Some(running);
             }
             Err(e) => {
+                shut_down(state, handle, 1);
                 self.out.error(&format!(
                     "cannot start {}: {e}; shutting down",
-                    s.program.display()
+                    self.settings.program.display()
                 ));
-                shut_down(state, handle, 1);
             }
         }
     }
 
+    /// The command exited by itself.
     fn on_exit(
         &mut self,
         exited: std::io::Result<std::process::ExitStatus>,
@@ -370,6 +575,7 @@ impl Supervisor {
         running.sweep();
         let uptime = running.uptime();
         let pid = running.pid();
+        let term_ended = running.term().is_cancelled();
         drop(running); // releases the term's guard
         state.quick_exits = if uptime < QUICK_EXIT {
             state.quick_exits.saturating_add(1)
@@ -380,37 +586,40 @@ impl Supervisor {
             Ok(status) => (process::describe(status), process::exit_code(status)),
             Err(e) => (format!("an unknown status ({e})"), 1),
         };
+        let leading = !state.shutting_down && !term_ended;
+        let exit_with_child = leading && self.settings.exit_with_child;
+        if exit_with_child {
+            shut_down(state, handle, code);
+        } else if leading {
+            let handle = handle.clone();
+            tokio::spawn(async move { handle.resign().await });
+        }
         self.out.event(
             "command_exited",
             &format!("the command exited with {status} after {}", human(uptime)),
             json!({ "pid": pid, "status": status, "exit_code": code, "uptime_ms": millis(uptime) }),
         );
-        if state.stopping {
-            return;
-        }
-        if self.settings.exit_with_child {
+        if exit_with_child {
             self.out.event(
                 "stopping",
                 &format!("--exit-with-child: releasing the lock and exiting with {code}"),
                 json!({ "exit_code": code }),
             );
-            shut_down(state, handle, code);
-        } else {
+        } else if leading {
             self.out.event(
                 "resigning",
                 "resigning; the command runs again when this process is re-elected",
                 json!({}),
             );
-            let handle = handle.clone();
-            tokio::spawn(async move { handle.resign().await });
         }
     }
 }
 
-/// Starts a graceful shutdown: the campaign ends the term (the command is stopped on the
-/// `Demoted` event), releases the lock and stops; the program then exits with `code`.
+/// Starts a graceful shutdown: the campaign ends the term (the command is stopped when it
+/// does, if it was not already), releases the lock and stops; the program then exits with
+/// `code`.
 fn shut_down(state: &mut State, handle: &CampaignHandle, code: u8) {
-    state.stopping = true;
+    state.shutting_down = true;
     state.exit_code = code;
     let handle = handle.clone();
     tokio::spawn(async move { handle.shutdown().await });
@@ -434,10 +643,31 @@ async fn due(pending: &Option<(Term, Instant)>) {
     }
 }
 
-/// Completes when the running command exits; pending while none runs.
-async fn wait(running: &mut Option<Running>) -> std::io::Result<std::process::ExitStatus> {
+/// Completes when the running command exits or its term ends; pending while none runs.
+async fn next(running: &mut Option<Running>) -> Next {
     match running {
-        Some(running) => running.wait().await,
+        Some(running) => running.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Completes when the command being stopped exits, or is due for SIGKILL; pending while no
+/// command is being stopped.
+async fn stopping_next(stopping: &mut Option<Stopping>) -> StopEvent {
+    let Some(stopping) = stopping else {
+        return std::future::pending().await;
+    };
+    let (kill_at, killed) = (stopping.kill_at, stopping.killed);
+    tokio::select! {
+        exited = stopping.running.wait() => StopEvent::Exited(exited),
+        () = sleep_until(kill_at), if !killed => StopEvent::KillDue,
+    }
+}
+
+/// Completes at the instant; pending without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
