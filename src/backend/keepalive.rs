@@ -2,15 +2,44 @@
 //!
 //! A backend supplies the renewal call (an etcd lease keep-alive, a Consul session renew, a
 //! Redis `PEXPIRE`); [`KeepAlive`] calls it every `renew_interval`, records in
-//! [`SessionHealth`] when the last *confirmed* renewal was *sent*, retries failures sooner,
-//! and declares the session lost when the store says it is gone, or when no renewal has
-//! been confirmed for a whole ttl (the store has surely expired it by then).
+//! [`SessionHealth`] when the last *confirmed* renewal was *sent*, and declares the session
+//! lost when the store says it is gone, or when no renewal has been confirmed for a whole ttl
+//! (the store has surely expired it by then).
+//!
+//! # Slow renewals
+//!
+//! One slow renewal must not cost a healthy leader its term, so no renewal is given up while
+//! it can still help. Like client-go's leader election, which paces its attempts by a retry
+//! period inside its renew deadline, the loop works like this:
+//!
+//! - A renewal is sent every renew interval, counted from the send time of the last
+//!   confirmed one.
+//! - If the newest renewal has not been answered within the *retry period* (a quarter of the
+//!   renew interval, at least 50 ms), another one is sent, and so on at that pace, while the
+//!   earlier ones keep waiting for their answers. A request stuck on one stream or connection
+//!   does not hold the session hostage, and under a latency longer than the renew interval
+//!   renewals are pipelined, so confirmations keep coming at most a latency plus a retry
+//!   period apart.
+//! - Whichever attempt is confirmed first counts, with *its* send time: the store restarted
+//!   the ttl no earlier than it received that attempt. An answer that comes after a later
+//!   attempt was confirmed changes nothing.
+//! - A failed attempt (an error, as opposed to no answer yet) is retried after the retry
+//!   period.
+//! - Every attempt is abandoned once the session has surely expired (a ttl after the last
+//!   confirmed send), which is also when the loop gives up with [`SessionLoss::Unconfirmed`].
+//!
+//! So the campaign's renew deadline, not a per-request timeout, is what bounds how long a
+//! leader waits for a confirmation. At most about `ttl / retry period` attempts are in flight
+//! at once, and only while the store does not answer.
 
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::error::Elapsed;
+use tokio::time::{Instant, Timeout, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use super::{SessionHealth, SessionLoss, SessionOptions};
@@ -25,11 +54,16 @@ pub enum Renewal {
     Gone,
 }
 
-/// Retries after a failed renewal come this much sooner than the renew interval, but no
-/// sooner than [`MIN_RETRY`], so a store that fails fast is not hammered.
+/// The retry period is the renew interval divided by this, but no shorter than [`MIN_RETRY`],
+/// so a store that fails fast is not hammered.
 const RETRY_DIVISOR: u32 = 4;
 /// The shortest pause between two renewal attempts.
 const MIN_RETRY: Duration = Duration::from_millis(50);
+
+/// The pause between renewal attempts while the newest one is unanswered or failed.
+fn retry_period(renew_interval: Duration) -> Duration {
+    (renew_interval / RETRY_DIVISOR).max(MIN_RETRY)
+}
 
 /// A running keep-alive loop. Dropping it (or [`KeepAlive::stop`]) stops the loop and marks
 /// the session [`SessionLoss::Closed`].
@@ -39,11 +73,36 @@ pub struct KeepAlive {
     stop: CancellationToken,
 }
 
+/// One renewal call in flight: when it was sent, and the call, bounded by the instant the
+/// session surely expired if nothing sent after the last confirmation was confirmed.
+struct Attempt<Fut> {
+    sent: Instant,
+    call: Pin<Box<Timeout<Fut>>>,
+}
+
+type Outcome = std::result::Result<Result<Renewal>, Elapsed>;
+
+/// Resolves with the first attempt that finishes, removing it; pending while there is none.
+fn poll_attempts<Fut: Future<Output = Result<Renewal>>>(
+    attempts: &mut Vec<Attempt<Fut>>,
+    cx: &mut Context<'_>,
+) -> Poll<(Instant, Outcome)> {
+    for i in 0..attempts.len() {
+        if let Poll::Ready(outcome) = attempts[i].call.as_mut().poll(cx) {
+            let attempt = attempts.swap_remove(i);
+            return Poll::Ready((attempt.sent, outcome));
+        }
+    }
+    Poll::Pending
+}
+
 impl KeepAlive {
     /// Starts renewing a session that was created by a request sent at `created_sent_at`.
     ///
-    /// `renew` is called every `options.renew_interval`; each call may take at most that long
-    /// before it counts as failed. `backend` labels the metrics.
+    /// `renew` is called every `options.renew_interval`, and more often while renewals go
+    /// unanswered or fail (see the [module docs](self)); several calls may be in flight at
+    /// once. A call runs until it answers or the session has surely expired. `backend` labels
+    /// the metrics.
     pub fn spawn<F, Fut>(
         backend: &'static str,
         options: &SessionOptions,
@@ -52,7 +111,7 @@ impl KeepAlive {
     ) -> KeepAlive
     where
         F: FnMut() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Renewal>> + Send,
+        Fut: Future<Output = Result<Renewal>> + Send + 'static,
     {
         let (tx, health) = watch::channel(SessionHealth {
             confirmed_sent_at: created_sent_at,
@@ -62,47 +121,78 @@ impl KeepAlive {
         let stop = CancellationToken::new();
         let interval = options.renew_interval;
         let ttl = options.ttl;
-        let retry = (interval / RETRY_DIVISOR).max(MIN_RETRY);
+        let retry = retry_period(interval);
         let stopped = stop.clone();
         tokio::spawn(async move {
+            let mut attempts: Vec<Attempt<Fut>> = Vec::new();
+            let mut confirmed = created_sent_at;
+            // The send time of the newest attempt, and whether it is still unanswered.
+            let mut newest = created_sent_at;
+            let mut newest_pending = false;
             let mut next = created_sent_at + interval;
             let loss = loop {
+                let expires = confirmed + ttl;
+                if Instant::now() >= expires {
+                    break SessionLoss::Unconfirmed;
+                }
                 tokio::select! {
                     biased;
                     () = stopped.cancelled() => break SessionLoss::Closed,
-                    () = sleep_until(next) => {}
-                }
-                let sent = Instant::now();
-                let outcome = tokio::select! {
-                    biased;
-                    () = stopped.cancelled() => break SessionLoss::Closed,
-                    outcome = timeout(interval, renew()) => outcome,
-                };
-                metrics::record_renewal(backend, &outcome, sent.elapsed());
-                match outcome {
-                    Ok(Ok(Renewal::Alive)) => {
-                        tx.send_modify(|h| {
-                            h.confirmed_sent_at = sent;
-                            h.last_error = None;
-                        });
-                        next = sent + interval;
-                    }
-                    Ok(Ok(Renewal::Gone)) => break SessionLoss::Expired,
-                    failed => {
-                        let error = match failed {
-                            Ok(Err(e)) => e.to_string(),
-                            _ => format!("renewal not answered within {interval:?}"),
+                    (sent, outcome) = poll_fn(|cx| poll_attempts(&mut attempts, cx)) => {
+                        metrics::record_renewal(backend, &outcome, sent.elapsed());
+                        let failure = match outcome {
+                            Ok(Ok(Renewal::Alive)) => {
+                                if sent > confirmed {
+                                    confirmed = sent;
+                                    tx.send_modify(|h| {
+                                        h.confirmed_sent_at = sent;
+                                        h.last_error = None;
+                                    });
+                                }
+                                if sent == newest {
+                                    newest_pending = false;
+                                    next = sent + interval;
+                                }
+                                None
+                            }
+                            Ok(Ok(Renewal::Gone)) => break SessionLoss::Expired,
+                            Ok(Err(e)) => Some(e.to_string()),
+                            Err(_) => Some(format!(
+                                "renewal not answered within {:?}",
+                                sent.elapsed()
+                            )),
                         };
-                        tracing::debug!(backend, %error, "session renewal failed");
-                        let confirmed = tx.borrow().confirmed_sent_at;
-                        tx.send_modify(|h| h.last_error = Some(error));
-                        if Instant::now() >= confirmed + ttl {
-                            break SessionLoss::Unconfirmed;
+                        if let Some(error) = failure {
+                            tracing::debug!(backend, %error, "session renewal failed");
+                            tx.send_modify(|h| h.last_error = Some(error));
+                            if sent == newest {
+                                newest_pending = false;
+                                next = Instant::now() + retry;
+                            }
                         }
-                        next = (Instant::now() + retry).min(confirmed + ttl);
+                    }
+                    () = sleep_until(expires) => break SessionLoss::Unconfirmed,
+                    () = sleep_until(next) => {
+                        let sent = Instant::now();
+                        if newest_pending {
+                            let error = format!(
+                                "renewal sent {:?} ago not answered yet; sending another",
+                                sent - newest
+                            );
+                            tracing::debug!(backend, %error, "session renewal slow");
+                            tx.send_modify(|h| h.last_error = Some(error));
+                        }
+                        attempts.push(Attempt {
+                            sent,
+                            call: Box::pin(timeout_at(expires, renew())),
+                        });
+                        newest = sent;
+                        newest_pending = true;
+                        next = sent + retry;
                     }
                 }
             };
+            drop(attempts);
             tx.send_modify(|h| {
                 h.lost.get_or_insert(loss);
             });
