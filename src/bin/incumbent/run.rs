@@ -253,9 +253,14 @@ impl Supervisor {
     /// (an involuntary loss: from then on the store may hand the lock on). The watchdog
     /// thread kills it at `stop_by` even if this thread cannot. Logged only afterwards.
     fn fence(&mut self, state: &mut State) {
-        let Some(running) = state.running.take() else {
-            return;
-        };
+        if let Some((message, fields)) = self.fence_quietly(state) {
+            self.out.event("command_stopping", &message, fields);
+        }
+    }
+
+    /// [`fence`](Self::fence), returning the line to log instead of logging it.
+    fn fence_quietly(&mut self, state: &mut State) -> Option<(String, serde_json::Value)> {
+        let running = state.running.take()?;
         running.terminate();
         let now = Instant::now();
         let stop_by = running.term().stop_by();
@@ -299,11 +304,10 @@ impl Supervisor {
                 human(until)
             ),
         };
-        self.out.event(
-            "command_stopping",
-            &message,
+        Some((
+            message,
             json!({ "pid": pid, "grace_ms": millis(self.settings.grace), "kill_in_ms": millis(until), "killed": killed }),
-        );
+        ))
     }
 
     fn on_stopping(&mut self, event: StopEvent, state: &mut State) {
@@ -356,13 +360,16 @@ impl Supervisor {
                     stopping.killed = true;
                     stopping.running.pid()
                 });
-                self.fence(state);
+                let fenced = self.fence_quietly(state);
                 shut_down(state, handle, 0);
                 self.out.event(
                     "stopping",
                     &format!("{name}: shutting down"),
                     json!({ "signal": name }),
                 );
+                if let Some((message, fields)) = fenced {
+                    self.out.event("command_stopping", &message, fields);
+                }
                 if let Some(pid) = hurried {
                     self.out.event(
                         "command_killing",
@@ -444,14 +451,8 @@ impl Supervisor {
     ) {
         match event {
             LeadershipEvent::Elected(term) => {
-                state.shown_leader = None;
-                let start = !state.shutting_down;
-                let delay = restart_delay(state.quick_exits);
-                if start && delay.is_zero() && state.stopping.is_none() {
-                    self.start(&term, state, handle, status);
-                } else if start {
-                    state.pending = Some((term.clone(), Instant::now() + delay));
-                }
+                // Starting the command is not urgent (the lock is ours); the line reads better
+                // first, and writing it never blocks.
                 let token = term.fencing_token();
                 let waited = state.waiting_since.elapsed();
                 self.out.event(
@@ -459,7 +460,16 @@ impl Supervisor {
                     &format!("elected (fencing token {token}) after {}", human(waited)),
                     json!({ "fencing_token": token, "waited_ms": millis(waited) }),
                 );
-                if start && !delay.is_zero() {
+                state.shown_leader = None;
+                if state.shutting_down {
+                    return;
+                }
+                let delay = restart_delay(state.quick_exits);
+                if delay.is_zero() && state.stopping.is_none() {
+                    self.start(&term, state, handle, status);
+                    return;
+                }
+                if !delay.is_zero() {
                     self.out.event(
                         "command_delayed",
                         &format!(
@@ -470,6 +480,8 @@ impl Supervisor {
                         json!({ "quick_exits": state.quick_exits, "delay_ms": millis(delay) }),
                     );
                 }
+                // Also when the last term's command is still being stopped: never two at once.
+                state.pending = Some((term, Instant::now() + delay));
             }
             LeadershipEvent::Demoted {
                 fencing_token,

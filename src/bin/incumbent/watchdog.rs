@@ -109,3 +109,53 @@ fn watch(shared: &Shared) {
         };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Whether the child has exited, waiting at most `limit`.
+    fn exits_within(child: &mut std::process::Child, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    // One test for both: the watchdog is one per process.
+    #[test]
+    fn kills_the_group_at_the_instant_unless_disarmed_first() {
+        let spawn = || {
+            Command::new("sleep")
+                .arg("60")
+                .stdin(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .expect("spawn sleep")
+        };
+        let pid = |child: &std::process::Child| libc::pid_t::try_from(child.id()).expect("pid");
+
+        let mut spared = spawn();
+        arm(pid(&spared), Instant::now() + Duration::from_millis(200));
+        disarm(pid(&spared));
+        assert!(!exits_within(&mut spared, Duration::from_millis(600)));
+        let _ = spared.kill();
+        let _ = spared.wait();
+
+        let mut doomed = spawn();
+        let armed = Instant::now();
+        arm(pid(&doomed), armed + Duration::from_secs(60));
+        // Re-arming moves the instant, earlier too.
+        arm(pid(&doomed), armed + Duration::from_millis(200));
+        assert!(exits_within(&mut doomed, Duration::from_secs(5)));
+        assert!(armed.elapsed() >= Duration::from_millis(200));
+    }
+}
