@@ -81,7 +81,10 @@ impl EtcdBuilder {
     /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`],
     /// `"incumbent/"`); a `/` is appended if it does not end with one, so `"myapp"` puts
     /// election `jobs` under `myapp/jobs@`. An empty prefix puts elections at the top of the
-    /// key space. Grant the user read, write and watch permission on this prefix.
+    /// key space. Grant the user read, write and watch permission on this prefix. A prefix
+    /// with `?` or `#` is refused by [`connect`](Self::connect): those start a query string
+    /// or fragment in a URL, so such a prefix is most likely a pasted URL whose query (a
+    /// token, say) would end up in every key.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         let mut prefix = prefix.into();
         if !prefix.is_empty() && !prefix.ends_with('/') {
@@ -144,8 +147,10 @@ impl EtcdBuilder {
     /// cluster answers and the user may read it.
     ///
     /// # Errors
-    /// - [`Error::InvalidConfig`]: no endpoints, a malformed endpoint URL, unusable TLS
-    ///   material, TLS without the `etcd-tls` feature, a zero timeout. Retrying cannot help.
+    /// - [`Error::InvalidConfig`]: no endpoints, a malformed endpoint URL (one with user info
+    ///   or a query included; the message shows it redacted), a prefix with `?` or `#`,
+    ///   unusable TLS material, TLS without the `etcd-tls` feature, a zero timeout. Retrying
+    ///   cannot help.
     /// - [`Error::Unauthorized`]: the cluster refused the user or password, requires
     ///   credentials that were not given, or denies access to the prefix. Retrying cannot help.
     /// - [`Error::Unavailable`]: no endpoint answered within the connect timeout. Transient:
@@ -172,6 +177,14 @@ impl EtcdBuilder {
             } else {
                 tls::FEATURE_NEEDED.into()
             }));
+        }
+        if self.prefix.contains(['?', '#']) {
+            return Err(invalid(format!(
+                "the key prefix {:?} has a '?' or '#', which would put what looks like a URL's \
+                 query or fragment into every key; use letters, digits, '/', '.', '_' or '-' \
+                 (credentials go in .user())",
+                crate::url::redact(&self.prefix)
+            )));
         }
         for (name, limit) in [
             ("connect_timeout", self.connect_timeout),
@@ -398,6 +411,20 @@ mod tests {
         let builder = EtcdBuilder::new(vec!["http://root:s3cret@127.0.0.1:2379".into()]);
         let shown = format!("{builder:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn prefixes_with_a_query_or_fragment_are_refused() {
+        for prefix in ["app?token=s3cret", "app#s3cret"] {
+            let builder = EtcdBuilder::new(vec!["http://127.0.0.1:2379".into()]).prefix(prefix);
+            match builder.connect().await {
+                Err(Error::InvalidConfig { reason, .. }) => {
+                    assert!(!reason.contains("s3cret"), "{reason}");
+                    assert!(reason.contains("prefix"), "{reason}");
+                }
+                other => panic!("{prefix}: {other:?}"),
+            }
+        }
     }
 
     #[test]
