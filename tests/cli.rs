@@ -999,3 +999,26 @@ fn resign_refuses_to_signal_an_incumbent_run_of_another_election() {
     signal(other.pid(), libc::SIGTERM);
     assert!(other.exit_within(LIMIT).is_some());
 }
+
+#[test]
+fn a_follower_exits_at_once_on_sigterm_and_says_it_held_nothing() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    let first = a.start(1);
+    let mut b = sandbox.candidate("b");
+    b.following();
+
+    let asked = Instant::now();
+    signal(b.pid(), libc::SIGTERM);
+    let status = b
+        .process
+        .exit_within(Duration::from_secs(3))
+        .unwrap_or_else(|| panic!("the follower still runs; log:\n{}", b.log()));
+    assert_eq!(status.code(), Some(0), "log:\n{}", b.log());
+    assert!(asked.elapsed() < Duration::from_secs(3));
+    assert!(b.starts().is_empty());
+    assert!(alive(first.pid), "the leader's command was disturbed");
+    let log = b.log();
+    assert!(!log.contains("the lock is released"), "{log}");
+    assert!(log.contains("did not hold the lock"), "{log}");
+}

@@ -19,8 +19,8 @@
 //!   or the lock lost), at `--grace` or at the term's stop-by instant, whichever comes first:
 //!   the last confirmed renewal's send time + ttl − ttl/10, or at once when the store has
 //!   already taken the lock. From then on the store may hand the lock to another candidate,
-//!   so a `--grace` longer than the renew deadline's slack (about ttl − renew deadline) is cut
-//!   short on such a loss. A watchdog thread, independent of the async runtime, kills the
+//!   so on a missed renew deadline the command has 0.9 × ttl − renew deadline to stop, and a
+//!   longer `--grace` is cut short. A watchdog thread, independent of the async runtime, kills the
 //!   group at that instant even if the supervisor itself is stuck, and, while the term lasts,
 //!   at "last confirmed renewal + ttl − ttl/10", pushed forward with each renewal.
 //!
@@ -134,9 +134,10 @@ command gets the whole --grace while the lock is kept. After an involuntary loss
 confirmed within the renew deadline, the session or the lock lost) the store may hand the \
 lock on soon: the command gets SIGTERM at once and SIGKILL at --grace or at the last \
 confirmed renewal's send time + ttl - ttl/10 (at once if the lock is already gone), \
-whichever is sooner. So on such a loss a command has about ttl - renew deadline to stop, \
-whatever --grace says. A watchdog thread kills it by then even if this process's main \
-thread is stuck.
+whichever is sooner. So when the loss is a missed renew deadline, the command has \
+0.9 x ttl - renew deadline to stop, whatever --grace says: a longer --grace only matters for \
+voluntary ends. A watchdog thread kills it by then even if this process's main thread is \
+stuck.
 
 What no supervisor can prevent: if this whole process is frozen (a paused VM, SIGSTOP, a \
 host thrashing), nothing stops the command while the lease expires and another candidate \
@@ -153,8 +154,9 @@ resigns; it runs the command again when re-elected (after repeated exits within 
 after a delay of 1s doubling up to 30s). If this process dies, even by SIGKILL, the command is \
 killed too (Linux).
 
-Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures; 2 for usage and \
-configuration errors; with --exit-with-child, the command's own status (128+N after signal N).";
+Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures (and after a second SIGINT or \
+SIGTERM, when the lock could not be released within 1s); 2 for usage and configuration \
+errors; with --exit-with-child, the command's own status (128+N after signal N).";
 
 #[derive(Debug, Subcommand)]
 enum Command {

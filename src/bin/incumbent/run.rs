@@ -179,6 +179,10 @@ struct State {
     quick_exits: u32,
     /// Shutting down: the campaign's end is the program's end.
     shutting_down: bool,
+    /// Whether this candidate led (or was stepping down) when the shutdown began.
+    led_at_shutdown: bool,
+    /// Between an `Elected` event and its `Demoted`.
+    leading: bool,
     /// After a second stop signal: when to give up waiting for the campaign and exit.
     give_up_at: Option<Instant>,
     exit_code: u8,
@@ -209,6 +213,8 @@ impl Supervisor {
             pending: None,
             quick_exits: 0,
             shutting_down: false,
+            led_at_shutdown: false,
+            leading: false,
             give_up_at: None,
             exit_code: 0,
             waiting_since: Instant::now(),
@@ -234,7 +240,12 @@ impl Supervisor {
                 event = campaign.recv() => match event {
                     Some(event) => self.on_event(event, &mut state, &handle, &status),
                     None if state.shutting_down => {
-                        self.out.event("stopped", "stopped; the lock is released", json!({}));
+                        let message = if state.led_at_shutdown {
+                            "stopped; the lock is released"
+                        } else {
+                            "stopped (this candidate did not hold the lock)"
+                        };
+                        self.out.event("stopped", message, json!({ "held": state.led_at_shutdown }));
                         return Ok(state.exit_code);
                     }
                     None => return Err(Failure::Runtime("the campaign stopped unexpectedly".into())),
@@ -461,7 +472,9 @@ impl Supervisor {
                     json!({ "fencing_token": token, "waited_ms": millis(waited) }),
                 );
                 state.shown_leader = None;
+                state.leading = true;
                 if state.shutting_down {
+                    state.led_at_shutdown = true;
                     return;
                 }
                 let delay = restart_delay(state.quick_exits);
@@ -504,6 +517,7 @@ impl Supervisor {
                     state.pending = None;
                 }
                 state.waiting_since = Instant::now();
+                state.leading = false;
                 let stop_by_ms =
                     stop_by.map(|at| millis(at.saturating_duration_since(Instant::now())));
                 self.out.event(
@@ -631,6 +645,7 @@ impl Supervisor {
 /// does, if it was not already), releases the lock and stops; the program then exits with
 /// `code`.
 fn shut_down(state: &mut State, handle: &CampaignHandle, code: u8) {
+    state.led_at_shutdown = state.leading || state.running.is_some() || state.stopping.is_some();
     state.shutting_down = true;
     state.exit_code = code;
     let handle = handle.clone();
