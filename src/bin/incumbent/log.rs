@@ -10,9 +10,9 @@
 //! EBADF) is ignored: lines are discarded, nothing panics.
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
 use incumbent::time::rfc3339;
@@ -32,6 +32,11 @@ pub enum NoticeFormat {
 
 struct Sink {
     lines: SyncSender<Vec<u8>>,
+    counts: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
     /// Lines accepted into the queue, and lines written (or discarded) since.
     queued: AtomicU64,
     done: AtomicU64,
@@ -47,61 +52,75 @@ pub fn set_format(format: NoticeFormat) {
     *FORMAT.lock().unwrap_or_else(PoisonError::into_inner) = format;
 }
 
+fn format() -> NoticeFormat {
+    *FORMAT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn sink() -> Option<&'static Sink> {
-    SINK.get_or_init(|| {
-        let (lines, queue) = sync_channel::<Vec<u8>>(CAPACITY);
+    SINK.get_or_init(|| Sink::start(io::stderr, CAPACITY))
+        .as_ref()
+}
+
+impl Sink {
+    /// A queue of `capacity` lines, written to `output()` by a thread of its own; `None` if
+    /// the thread cannot be started.
+    fn start<W: Write + 'static>(output: fn() -> W, capacity: usize) -> Option<Sink> {
+        let (lines, queue) = sync_channel::<Vec<u8>>(capacity);
+        let counts = Arc::new(Counts::default());
+        let drained = counts.clone();
         std::thread::Builder::new()
             .name("incumbent-log".into())
-            .spawn(move || drain(queue))
+            .spawn(move || drain(&queue, &drained, output))
             .ok()?;
-        Some(Sink {
-            lines,
-            queued: AtomicU64::new(0),
-            done: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        })
-    })
-    .as_ref()
+        Some(Sink { lines, counts })
+    }
+
+    fn send(&self, bytes: Vec<u8>) {
+        // Counted before it is sent, so that `flush` never sees more done than queued.
+        self.counts.queued.fetch_add(1, Ordering::SeqCst);
+        if self.lines.try_send(bytes).is_err() {
+            self.counts.queued.fetch_sub(1, Ordering::SeqCst);
+            self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn flush(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.counts.done.load(Ordering::SeqCst) < self.counts.queued.load(Ordering::SeqCst)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
 }
 
 /// Queues `bytes` (one or more whole lines, each ending in `\n`) for stderr. Never blocks:
 /// when the queue is full the line is dropped and counted.
 pub fn line(bytes: Vec<u8>) {
-    let Some(sink) = sink() else {
-        return; // no writer thread could be started: stderr stays silent
-    };
-    // Counted before it is sent, so that `flush` never sees more done than queued.
-    sink.queued.fetch_add(1, Ordering::SeqCst);
-    match sink.lines.try_send(bytes) {
-        Ok(()) => {}
-        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-            sink.queued.fetch_sub(1, Ordering::SeqCst);
-            sink.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+    // Without a writer thread, stderr stays silent.
+    if let Some(sink) = sink() {
+        sink.send(bytes);
     }
 }
 
 /// Waits until every queued line is written, at most `limit` (stderr may be stuck).
 pub fn flush(limit: Duration) {
-    let Some(sink) = SINK.get().and_then(Option::as_ref) else {
-        return;
-    };
-    let deadline = Instant::now() + limit;
-    while sink.done.load(Ordering::SeqCst) < sink.queued.load(Ordering::SeqCst)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(2));
+    if let Some(sink) = SINK.get().and_then(Option::as_ref) {
+        sink.flush(limit);
     }
 }
 
 /// The writer thread: writes each line; when the queue runs empty, reports dropped lines.
-fn drain(queue: Receiver<Vec<u8>>) {
-    let closed = AtomicBool::new(false);
+fn drain<W: Write>(queue: &Receiver<Vec<u8>>, counts: &Counts, output: fn() -> W) {
+    let mut closed = false;
     loop {
         let bytes = match queue.try_recv() {
             Ok(bytes) => bytes,
             Err(TryRecvError::Empty) => {
-                report_dropped(&closed);
+                let dropped = counts.dropped.swap(0, Ordering::Relaxed);
+                if dropped > 0 {
+                    write(&mut output(), &notice(dropped), &mut closed);
+                }
                 match queue.recv() {
                     Ok(bytes) => bytes,
                     Err(_) => return,
@@ -109,46 +128,35 @@ fn drain(queue: Receiver<Vec<u8>>) {
             }
             Err(TryRecvError::Disconnected) => return,
         };
-        write(&bytes, &closed);
-        if let Some(sink) = SINK.get().and_then(Option::as_ref) {
-            sink.done.fetch_add(1, Ordering::SeqCst);
-        }
+        write(&mut output(), &bytes, &mut closed);
+        counts.done.fetch_add(1, Ordering::SeqCst);
     }
 }
 
-fn report_dropped(closed: &AtomicBool) {
-    let Some(sink) = SINK.get().and_then(Option::as_ref) else {
-        return;
-    };
-    let dropped = sink.dropped.swap(0, Ordering::Relaxed);
-    if dropped == 0 {
-        return;
-    }
+/// The line that says how many lines were dropped.
+fn notice(dropped: u64) -> Vec<u8> {
     let now = rfc3339(SystemTime::now());
     let message = format!("{dropped} log line(s) dropped: stderr was not read fast enough");
-    let format = *FORMAT.lock().unwrap_or_else(PoisonError::into_inner);
-    let text = match format {
+    match format() {
         NoticeFormat::Text => format!("{now} incumbent {message}\n"),
         NoticeFormat::Json => format!(
             "{}\n",
             json!({ "time": now, "event": "log_lines_dropped", "message": message, "dropped": dropped })
         ),
-    };
-    write(text.as_bytes(), closed);
+    }
+    .into_bytes()
 }
 
-/// Writes to stderr, blocking this thread only. Errors (a closed pipe, a closed descriptor)
-/// make it discard everything from then on, silently.
-fn write(bytes: &[u8], closed: &AtomicBool) {
-    if closed.load(Ordering::Relaxed) {
+/// Writes, blocking this thread only. A closed pipe or descriptor makes it discard
+/// everything from then on, silently.
+fn write(output: &mut impl Write, bytes: &[u8], closed: &mut bool) {
+    if *closed {
         return;
     }
-    let mut stderr = io::stderr().lock();
-    match stderr.write_all(bytes).and_then(|()| stderr.flush()) {
+    match output.write_all(bytes).and_then(|()| output.flush()) {
         // Someone made the shared descriptor non-blocking: this line is lost, not the rest.
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-        // A closed pipe or descriptor: nobody will ever read us again.
-        Err(_) => closed.store(true, Ordering::Relaxed),
+        Err(_) => *closed = true,
         Ok(()) => {}
     }
 }
@@ -185,4 +193,95 @@ pub fn install_panic_hook() {
         let name = thread.name().unwrap_or("<unnamed>");
         line(format!("incumbent: thread '{name}' panicked: {info}\n").into_bytes());
     }));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Condvar;
+
+    use super::*;
+
+    /// What the test writer has written, and whether it is blocked (like a full pipe).
+    static WRITTEN: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+    static BLOCKED: Mutex<bool> = Mutex::new(true);
+    static UNBLOCKED: Condvar = Condvar::new();
+
+    struct Stuck;
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let mut blocked = BLOCKED.lock().unwrap_or_else(PoisonError::into_inner);
+            while *blocked {
+                blocked = UNBLOCKED
+                    .wait(blocked)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            WRITTEN
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_writer_never_blocks_the_caller_and_dropped_lines_are_reported() {
+        let sink = Sink::start(|| Stuck, 4).expect("writer thread");
+        let began = Instant::now();
+        for n in 0..100 {
+            sink.send(format!("line {n}\n").into_bytes());
+        }
+        assert!(began.elapsed() < Duration::from_secs(1), "sending blocked");
+        sink.flush(Duration::from_millis(50)); // bounded, though nothing can be written
+
+        *BLOCKED.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        UNBLOCKED.notify_all();
+        sink.flush(Duration::from_secs(5));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let text = loop {
+            let text =
+                String::from_utf8_lossy(&WRITTEN.lock().unwrap_or_else(PoisonError::into_inner))
+                    .into_owned();
+            if text.contains("dropped") || Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        // The queue holds four lines (the writer maybe one more): the rest were dropped,
+        // counted, and reported once the queue drained.
+        let written = text.lines().filter(|l| l.starts_with("line ")).count();
+        let dropped: usize = text
+            .split_once(" log line(s) dropped")
+            .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no notice: {text}"));
+        assert!(text.starts_with("line 0\n"), "{text}");
+        assert!((4..=5).contains(&written), "{text}");
+        assert_eq!(written + dropped, 100, "{text}");
+    }
+
+    #[test]
+    fn a_closed_output_is_ignored() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::from(io::ErrorKind::BrokenPipe))
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::start(|| Closed, 4).expect("writer thread");
+        for n in 0..10 {
+            sink.send(format!("line {n}\n").into_bytes());
+        }
+        sink.flush(Duration::from_secs(5));
+        assert_eq!(
+            sink.counts.done.load(Ordering::SeqCst),
+            sink.counts.queued.load(Ordering::SeqCst)
+        );
+    }
 }
