@@ -1022,3 +1022,40 @@ fn a_follower_exits_at_once_on_sigterm_and_says_it_held_nothing() {
     assert!(!log.contains("the lock is released"), "{log}");
     assert!(log.contains("did not hold the lock"), "{log}");
 }
+
+#[test]
+fn the_watchdog_kills_the_command_when_the_supervisors_thread_is_frozen() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate_running("a", &["--ttl", "2s"], SLEEPER);
+    let first = a.start(1);
+    // A healthy leader keeps its command for longer than the ttl: the watchdog moves on.
+    thread::sleep(Duration::from_secs(3));
+    assert!(alive(first.pid), "killed while healthy; log:\n{}", a.log());
+
+    // Freeze only the main thread (the async runtime's), as a stuck call would: the lease
+    // is no longer renewed, and nothing on that thread can stop the command.
+    let pid = libc::pid_t::try_from(a.pid()).expect("pid");
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: ptrace on our own child; seize and interrupt take no pointers.
+    let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) };
+    assert_eq!(
+        seized,
+        0,
+        "ptrace(PTRACE_SEIZE) of our own child failed (kernel.yama.ptrace_scope = 3, or a seccomp filter?): {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: as above.
+    let interrupted = unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, null, null) };
+    assert_eq!(
+        interrupted,
+        0,
+        "ptrace: {}",
+        std::io::Error::last_os_error()
+    );
+    let frozen = Instant::now();
+    let killed = wait_until(Duration::from_secs(5), || !alive(first.pid));
+    let took = frozen.elapsed();
+    // The candidate is SIGKILLed on drop, which ends the tracing too.
+    assert!(killed, "the command outlived the lease by {took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}
