@@ -33,9 +33,6 @@ fn index_builder() -> PathBuf {
             ("etcd", cfg!(feature = "etcd")),
             ("etcd-tls", cfg!(feature = "etcd-tls")),
             ("consul", cfg!(feature = "consul")),
-            ("zookeeper", cfg!(feature = "zookeeper")),
-            ("redis", cfg!(feature = "redis")),
-            ("memcached", cfg!(feature = "memcached")),
             ("axum", cfg!(feature = "axum")),
             ("cli", cfg!(feature = "cli")),
         ]
