@@ -97,7 +97,17 @@ struct ElectionEntry {
 #[derive(Clone, Debug)]
 struct Holding {
     session: u64,
+    /// The contender of that session that holds the lock: the elections of one client with
+    /// equal session options share a session, and two campaigns of one election must still
+    /// never both hold its lock.
+    contender: u64,
     leader: Leader,
+}
+
+impl Holding {
+    fn is(&self, session: u64, contender: u64) -> bool {
+        self.session == session && self.contender == contender
+    }
 }
 
 #[derive(Debug)]
@@ -188,7 +198,11 @@ impl MemoryBackend {
         let session = self.store.next_id.fetch_add(1, Ordering::Relaxed);
         let mut state = self.store.lock();
         let entry = state.election(election);
-        let previous = entry.holder.replace(Holding { session, leader });
+        let previous = entry.holder.replace(Holding {
+            session,
+            contender: 0,
+            leader,
+        });
         entry.version.send_modify(|v| *v += 1);
         if let Some(previous) = previous
             && let Some(owner) = state.sessions.get_mut(&previous.session)
@@ -463,6 +477,7 @@ impl Session for MemorySession {
         Ok(MemoryContender {
             backend: backend.clone(),
             session: self.shared.id,
+            id: backend.store.next_id.fetch_add(1, Ordering::Relaxed),
             election: election.to_owned(),
             candidate: candidate.clone(),
             version,
@@ -474,11 +489,15 @@ impl Session for MemorySession {
     }
 }
 
-/// One memory session's claim on one election.
+/// One memory session's claim on one election. The store records which contender holds the
+/// lock, not only which session: two contenders of one shared session (two campaigns of one
+/// election) never both hold it.
 #[derive(Debug)]
 pub struct MemoryContender {
     backend: MemoryBackend,
     session: u64,
+    /// This contender, among all of the store's.
+    id: u64,
     election: String,
     candidate: Candidate,
     version: watch::Receiver<u64>,
@@ -498,7 +517,7 @@ impl Contender for MemoryContender {
         let now = Instant::now();
         let entry = state.election(&self.election);
         if let Some(holding) = &entry.holder {
-            return Ok(match holding.session == self.session {
+            return Ok(match holding.is(self.session, self.id) {
                 true => Attempt::Won {
                     fencing_token: entry.last_token,
                 },
@@ -514,6 +533,7 @@ impl Contender for MemoryContender {
         let fencing_token = entry.last_token;
         entry.holder = Some(Holding {
             session: self.session,
+            contender: self.id,
             leader: Leader {
                 candidate: self.candidate.clone(),
                 fencing_token: Some(fencing_token),
@@ -541,9 +561,9 @@ impl Contender for MemoryContender {
                 let holder = state
                     .elections
                     .get(&self.election)
-                    .and_then(|e| e.holder.as_ref().map(|h| h.session));
+                    .and_then(|e| e.holder.as_ref());
                 match holder {
-                    Some(s) if s == self.session => {}
+                    Some(h) if h.is(self.session, self.id) => {}
                     Some(_) => return LockLoss::Taken,
                     None if state.sessions.contains_key(&self.session) => return LockLoss::Deleted,
                     None => return LockLoss::SessionLost,
@@ -563,7 +583,7 @@ impl Contender for MemoryContender {
         let mut state = self.backend.store.lock();
         let entry = state.election(&self.election);
         match &mut entry.holder {
-            Some(holding) if holding.session == self.session => {
+            Some(holding) if holding.is(self.session, self.id) => {
                 holding.leader.candidate = leader.candidate.clone();
                 entry.version.send_modify(|v| *v += 1);
                 Ok(())
@@ -582,7 +602,7 @@ impl Contender for MemoryContender {
         if entry
             .holder
             .as_ref()
-            .is_some_and(|h| h.session == self.session)
+            .is_some_and(|h| h.is(self.session, self.id))
         {
             entry.holder = None;
             entry.version.send_modify(|v| *v += 1);

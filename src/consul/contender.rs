@@ -23,8 +23,15 @@ static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
 ///   session holds the key, a lock-delay is running: it returns
 ///   [`Attempt::Delayed`] with when that delay ends (see the [module docs](super)).
 /// - [`wait`](Contender::wait) blocks on the key (a blocking query from the index of the last
-///   read) until its `Session` clears.
-/// - [`lost`](Contender::lost) blocks on the key with consistent reads while leading.
+///   read) until its `Session` clears. Behind another contender of the same session (another
+///   campaign of the same election), it waits for that contender to give up its claim, a
+///   local wake-up: see the [module docs](super).
+/// - [`lost`](Contender::lost) blocks on the key with consistent reads while leading, and
+///   resolves as soon as a read shows the lock gone: [`LockLoss::Deleted`] for a missing key,
+///   [`LockLoss::SessionLost`] for a key without a session, [`LockLoss::Taken`] for a key
+///   held by another session. [`explain`](Contender::explain) then asks Consul whether our
+///   session still exists: a deleted key whose session is gone is a lost session, and a key
+///   released while our session lives was released by someone else (`Taken`).
 /// - [`release`](Contender::release) releases the lock with `?release=`; a lock we do not
 ///   hold is left alone.
 pub struct ConsulContender {
@@ -45,17 +52,10 @@ pub struct ConsulContender {
     pending: PendingRead,
     /// Consecutive failed reads in [`lost`](Contender::lost), for its back-off.
     watch_failures: u32,
-    /// A loss seen by [`lost`](Contender::lost) and not yet reported, so that dropping its
-    /// future while it asks about the session loses nothing.
-    noticed: Option<Noticed>,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Noticed {
-    /// The key is gone.
-    Missing,
-    /// The key has no session any more.
-    Cleared,
+    /// The holder that a read in [`wait`](Contender::wait) showed and `wait` has not acted on
+    /// yet (it waits behind another contender of our session first), kept here so that
+    /// dropping its future loses nothing: the index has moved past that read.
+    seen: Option<Option<String>>,
 }
 
 impl std::fmt::Debug for ConsulContender {
@@ -87,7 +87,7 @@ impl ConsulContender {
             index: 0,
             pending: PendingRead::default(),
             watch_failures: 0,
-            noticed: None,
+            seen: None,
         }
     }
 
@@ -136,7 +136,6 @@ impl ConsulContender {
             Some(entry) if entry.session.as_deref() == Some(self.session.id.as_str()) => {
                 let fencing_token = entry.modify_index;
                 self.held = Some(fencing_token);
-                self.noticed = None;
                 self.watch_failures = 0;
                 self.backend
                     .sightings()
@@ -172,37 +171,11 @@ impl ConsulContender {
             Err(error) => tracing::debug!(%error, "could not read the lock holder's session"),
         }
     }
-
-    /// Why the lock went, once [`lost`](Contender::lost) saw it go: whether our session still
-    /// exists tells an invalidated session from an operator's delete or release.
-    async fn explain(&mut self, noticed: Noticed) -> LockLoss {
-        let gone = match self.backend.client().session_info(&self.session.id).await {
-            Ok(info) => Some(info.is_none()),
-            Err(error) => {
-                tracing::debug!(%error, "could not read our own session after losing the lock");
-                None
-            }
-        };
-        let loss = match (noticed, gone) {
-            (Noticed::Missing, Some(true)) => LockLoss::SessionLost,
-            (Noticed::Missing, _) => LockLoss::Deleted,
-            // Someone else released our lock (`?release=` with our session id).
-            (Noticed::Cleared, Some(false)) => LockLoss::Taken,
-            (Noticed::Cleared, _) => LockLoss::SessionLost,
-        };
-        if loss == LockLoss::SessionLost {
-            self.backend.sightings().ours_invalidated(
-                &self.key,
-                &self.session.id,
-                self.session.lock_delay,
-            );
-        }
-        loss
-    }
 }
 
 impl Contender for ConsulContender {
     async fn acquire(&mut self) -> Result<Attempt> {
+        self.seen = None;
         let ours = self.session.id.clone();
         if let Some(fencing_token) = self.held {
             let read = self.read(true).await?;
@@ -269,8 +242,30 @@ impl Contender for ConsulContender {
 
     async fn wait(&mut self) -> Result<()> {
         loop {
-            let blocked = self.index > 0;
-            let read = match self.read_after_change(false).await {
+            // Subscribed before the claim is checked, so that no unclaim goes unseen.
+            let mut unclaims = self.session.unclaims();
+            let behind = self.session.claimed_by_other(&self.key, self.id);
+            if !behind && let Some(seen) = self.seen.take() {
+                match seen {
+                    None => {
+                        self.backend.sightings().cleared(&self.key);
+                        return Ok(());
+                    }
+                    // Ours, and no contender of ours claims it: left by a contender that
+                    // could not release it.
+                    Some(session) if session == self.session.id => return Ok(()),
+                    Some(session) => self.learn(&session).await,
+                }
+            }
+            let read = tokio::select! {
+                // Behind our own session's other contender, which holds or tries for the
+                // lock: only its unclaim lets us in, a local wake-up. The blocking read goes
+                // on meanwhile (it outlives this future), so that the key's state is known
+                // when the unclaim comes.
+                _ = unclaims.changed(), if behind => continue,
+                read = self.read_after_change(false) => read,
+            };
+            let read = match read {
                 Ok(read) => read,
                 Err(e) => {
                     // Start from a fresh read next time: the agent may have restarted empty,
@@ -281,35 +276,16 @@ impl Contender for ConsulContender {
             };
             let went_back = read.index < self.index;
             self.index = read.index;
-            if self.session.claimed_by_other(&self.key, self.id) {
-                // Our own session's other contender: try again after each change.
-                if blocked {
-                    return Ok(());
-                }
-                continue;
+            if went_back {
+                // A restored or restarted cluster: look again from the start.
+                return Ok(());
             }
-            match holder(read.entry.as_ref()) {
-                None => {
-                    self.backend.sightings().cleared(&self.key);
-                    return Ok(());
-                }
-                Some(session) if session == self.session.id => return Ok(()),
-                Some(session) => {
-                    self.learn(session).await;
-                    if went_back {
-                        // A restored or restarted cluster: look again from the start.
-                        return Ok(());
-                    }
-                }
-            }
+            self.seen = Some(holder(read.entry.as_ref()).map(str::to_owned));
         }
     }
 
     async fn lost(&mut self) -> LockLoss {
         loop {
-            if let Some(noticed) = self.noticed {
-                return self.explain(noticed).await;
-            }
             if self.watch_failures > 0 {
                 sleep(WATCH_RETRY.delay(self.watch_failures - 1)).await;
             }
@@ -324,15 +300,51 @@ impl Contender for ConsulContender {
             };
             self.watch_failures = 0;
             self.index = read.index;
+            // Reported at once, with no question to Consul in between: see `explain`.
             match read.entry {
-                None => self.noticed = Some(Noticed::Missing),
+                None => return LockLoss::Deleted,
                 Some(entry) => match entry.session {
                     Some(session) if session == self.session.id => {}
                     Some(_) => return LockLoss::Taken,
-                    None => self.noticed = Some(Noticed::Cleared),
+                    None => {
+                        // Most likely our session was invalidated: its lock-delay runs from
+                        // now at the latest (a local note, for the next acquisition).
+                        self.backend.sightings().cleared(&self.key);
+                        return LockLoss::SessionLost;
+                    }
                 },
             }
         }
+    }
+
+    /// Whether our session still exists tells an invalidated session from an operator's
+    /// delete or release.
+    async fn explain(&mut self, loss: LockLoss) -> LockLoss {
+        if loss == LockLoss::Taken {
+            return loss;
+        }
+        let gone = match self.backend.client().session_info(&self.session.id).await {
+            Ok(info) => info.is_none(),
+            Err(error) => {
+                tracing::debug!(%error, "could not read our own session after losing the lock");
+                return loss;
+            }
+        };
+        let loss = match (loss, gone) {
+            (_, true) => LockLoss::SessionLost,
+            // The key was deleted, by an operator: our session lives.
+            (LockLoss::Deleted, false) => LockLoss::Deleted,
+            // Someone else released our lock (`?release=` with our session id).
+            (_, false) => LockLoss::Taken,
+        };
+        if loss == LockLoss::SessionLost {
+            self.backend.sightings().ours_invalidated(
+                &self.key,
+                &self.session.id,
+                self.session.lock_delay,
+            );
+        }
+        loss
     }
 
     async fn proclaim(&mut self, leader: &Leader) -> Result<()> {

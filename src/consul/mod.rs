@@ -44,17 +44,29 @@
 //! - **Acquire.** Every candidate writes its identity ([`Leader`] as JSON) to the election's
 //!   key, `<prefix><election>`, with `PUT ?acquire=<session>`. Consul grants the lock to one
 //!   session at a time: the write succeeds only when no session holds the key.
+//! - **Two campaigns of one election on one session.** Consul locks per session: a second
+//!   `?acquire=` by the session that holds the key succeeds. Two campaigns of one
+//!   [`Election`](crate::Election) (or two equal elections on one backend) share a pooled
+//!   session, so each session keeps a local *claim* per key: only the contender that claimed
+//!   it may acquire or hold the key, and another contender of the same session waits behind
+//!   it, woken by the claim being given up (a local notification, no store traffic; its
+//!   blocking query on the key goes on meanwhile, so it knows whether the lock is free). The
+//!   other way, a session per contender, would cost a session and a keep-alive per campaign
+//!   instead of one per backend, and the waiting contender would learn nothing sooner: both
+//!   are in this process, and the local claim orders them exactly.
 //! - **Followers block, never poll.** A candidate that lost waits with a blocking query on
 //!   the key (`?index=`), and tries again as soon as the key's `Session` clears: a release
 //!   hands the lock on within a round trip or two.
-//! - **The leader watches its key** with consistent blocking reads. The term ends with
-//!   [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when the key disappears,
-//!   [`LockTaken`](crate::DemotionReason::LockTaken) when another session holds it (or someone
-//!   released our lock with `?release=`), and
-//!   [`SessionExpired`](crate::DemotionReason::SessionExpired) when our session was
-//!   invalidated (expired, or destroyed by an operator); the keep-alive reports a vanished
-//!   session too, at the next renewal. Transient errors while watching are retried inside
-//!   with back-off; a Consul that stays unreachable is covered by the renew deadline.
+//! - **The leader watches its key** with consistent blocking reads, and the term ends the
+//!   moment a read shows the lock gone, with no further question to Consul first:
+//!   [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when the key disappeared,
+//!   [`LockTaken`](crate::DemotionReason::LockTaken) when another session holds it, and
+//!   [`SessionExpired`](crate::DemotionReason::SessionExpired) when the key lost its session.
+//!   Only then, for the `Demoted` event, is our session looked up: a deleted key whose session
+//!   is gone is reported as `SessionExpired`, and a key released while our session lives (an
+//!   operator's `?release=` with our session id) as `LockTaken`. The keep-alive reports a
+//!   vanished session too, at the next renewal. Transient errors while watching are retried
+//!   inside with back-off; a Consul that stays unreachable is covered by the renew deadline.
 //!
 //! # The fencing token
 //!

@@ -27,8 +27,10 @@ pub(super) struct Shared {
     keepalive: KeepAlive,
     /// Which contender of this session may hold each election key: two campaigns for the
     /// same election sharing the session must not both win (Consul lets a session acquire a
-    /// key it already holds).
+    /// key it already holds). See the [module docs](super) for why.
     claims: Mutex<HashMap<String, u64>>,
+    /// Bumped whenever a claim is given up, to wake the contenders waiting behind it.
+    unclaimed: watch::Sender<u64>,
 }
 
 impl Poolable for Shared {
@@ -74,12 +76,20 @@ impl Shared {
         lock(&self.claims).get(key).is_some_and(|c| *c != contender)
     }
 
-    /// Gives up `contender`'s claim on `key`, if it has one.
+    /// Gives up `contender`'s claim on `key`, if it has one, and wakes the contenders of
+    /// this session waiting behind it.
     pub fn unclaim(&self, key: &str, contender: u64) {
         let mut claims = lock(&self.claims);
         if claims.get(key) == Some(&contender) {
             claims.remove(key);
+            drop(claims);
+            self.unclaimed.send_modify(|n| *n = n.wrapping_add(1));
         }
+    }
+
+    /// Changes when a claim is given up (from now on: subscribe before checking a claim).
+    pub fn unclaims(&self) -> watch::Receiver<u64> {
+        self.unclaimed.subscribe()
     }
 }
 
@@ -152,6 +162,7 @@ async fn create(backend: &ConsulBackend, options: &SessionOptions) -> Result<Sha
             .min(MAX_LOCK_DELAY),
         keepalive,
         claims: Mutex::new(HashMap::new()),
+        unclaimed: watch::Sender::new(0),
     })
 }
 

@@ -27,7 +27,11 @@ const LEASE_CHECKS: usize = 3;
 ///   was the holder, its delete seen before any delete of ours makes us the holder, and the
 ///   next `acquire` wins without reading the range again: a hand-off costs the old leader's
 ///   delete and one watch event.
-/// - [`lost`](Contender::lost) watches the election's range while leading.
+/// - [`lost`](Contender::lost) watches the election's range while leading, and resolves as
+///   soon as the watch shows our key deleted ([`LockLoss::Deleted`], or
+///   [`LockLoss::SessionLost`] when the keep-alive already heard that the lease is gone) or an
+///   older key ([`LockLoss::Taken`]). [`explain`](Contender::explain) then asks etcd about
+///   the lease, to tell an operator's delete from an expired or revoked lease.
 /// - [`release`](Contender::release) deletes the key; a missing key is not an error.
 pub struct EtcdContender {
     backend: EtcdBackend,
@@ -42,6 +46,9 @@ pub struct EtcdContender {
     since: Option<u64>,
     /// Whether the last acquisition won.
     won: bool,
+    /// Whether this contender has sent a write of its key: a key of its name and lease found
+    /// before that was left by an earlier contender of the lease (see [`write`](Self::write)).
+    wrote: bool,
     /// While following: the watch on the deletes of our predecessor and of our own key.
     waiting: Option<Waiting>,
     /// While leading: the watch on the election's range.
@@ -49,8 +56,9 @@ pub struct EtcdContender {
     /// `wait` saw the delete of the only key older than ours, ahead of any delete of ours, at
     /// this revision: from then on we lead, without reading the range again.
     promoted: Option<i64>,
-    /// A loss seen by [`lost`](Contender::lost) and not yet reported, so that dropping its
-    /// future while it asks about the lease loses nothing.
+    /// A loss seen while leading (by [`lost`](Contender::lost), or by the re-read after a
+    /// broken watch), kept until the next acquisition, so that dropping `lost`'s future
+    /// loses nothing.
     noticed: Option<Noticed>,
 }
 
@@ -101,6 +109,7 @@ impl EtcdContender {
             created: None,
             since: None,
             won: false,
+            wrote: false,
             waiting: None,
             leading: None,
             promoted: None,
@@ -139,8 +148,12 @@ impl EtcdContender {
     }
 
     /// Writes our key bound to the lease if it is absent, and learns its create revision. A
-    /// key that already exists was written by an earlier attempt whose answer was lost.
+    /// key that already exists was written by an earlier attempt whose answer was lost, or,
+    /// before our first write, by an earlier contender of the lease that left it behind (its
+    /// release failed): that one is deleted, for the caller to write afresh, since a key that
+    /// led once must never lead again with the same token.
     async fn write(&mut self) -> Result<()> {
+        let adopt = std::mem::replace(&mut self.wrote, true);
         self.since = Some(unix_ms_now());
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -169,7 +182,23 @@ impl EtcdContender {
             _ => None,
         });
         match existing {
-            Some(kv) if kv.lease() == self.lease.id => self.created = Some(kv.create_revision()),
+            Some(kv) if kv.lease() == self.lease.id && adopt => {
+                self.created = Some(kv.create_revision())
+            }
+            Some(kv) if kv.lease() == self.lease.id => {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        self.key.clone(),
+                        CompareOp::Equal,
+                        kv.create_revision(),
+                    )])
+                    .and_then([TxnOp::delete(self.key.clone(), None)]);
+                backend
+                    .request("deleting a candidate key left behind", || async {
+                        backend.kv().txn(txn).await
+                    })
+                    .await?;
+            }
             Some(_) => {
                 return Err(error::store(format!(
                     "the key {} exists but is not bound to this session's lease; \
@@ -424,8 +453,10 @@ impl Contender for EtcdContender {
     async fn lost(&mut self) -> LockLoss {
         loop {
             match self.noticed {
+                // Reported at once, with no question to etcd in between: see `explain`.
                 Some(Noticed::Taken) => return LockLoss::Taken,
-                Some(Noticed::Deleted) => return self.why_deleted().await,
+                Some(Noticed::Deleted) if self.lease_lost() => return LockLoss::SessionLost,
+                Some(Noticed::Deleted) => return LockLoss::Deleted,
                 None => {}
             }
             let (Some(follow), Some(created)) = (self.leading.as_mut(), self.created) else {
@@ -457,6 +488,14 @@ impl Contender for EtcdContender {
                     self.recheck().await;
                 }
             }
+        }
+    }
+
+    /// A deleted key: asks etcd whether the lease behind it is gone.
+    async fn explain(&mut self, loss: LockLoss) -> LockLoss {
+        match loss {
+            LockLoss::Deleted => self.why_deleted().await,
+            other => other,
         }
     }
 

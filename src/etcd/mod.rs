@@ -38,7 +38,12 @@
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in
-//!   an election name, so the range of election `a` never includes election `a/b`.
+//!   an election name, so the range of election `a` never includes election `a/b`. Two
+//!   campaigns of one election that share a lease (two campaigns of one
+//!   [`Election`](crate::Election)) get a key each (`…@<lease>.1` for the second), so they
+//!   queue like any two candidates and never both lead. A key that a contender left behind
+//!   (its release failed) is deleted and written afresh by the next contender of its name,
+//!   never adopted: a key that led once must not lead again with the same token.
 //! - **Followers watch only their predecessor.** A follower watches the delete of the key
 //!   created just before its own, and tries again when it goes: a hand-off wakes exactly one
 //!   candidate, not the whole queue. The follower next in line (its predecessor is the
@@ -57,10 +62,14 @@
 //!   streams. When the stream breaks, every watch re-reads and is re-created on a new one. At
 //!   most [`MAX_REQUESTS_IN_FLIGHT`] other requests are in flight at once; lease keep-alives
 //!   never wait behind them.
-//! - **Losing the key.** The leader watches the election's range: the delete of its key ends
-//!   the term, as [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when an operator deleted
-//!   it, or [`SessionExpired`](crate::DemotionReason::SessionExpired) when the lease is gone
-//!   (expired or revoked).
+//! - **Losing the key.** The leader watches the election's range: the delete of its key, or
+//!   an older key in the range ([`LockTaken`](crate::DemotionReason::LockTaken)), ends the
+//!   term the moment the watch event arrives, with no request to etcd first. Only then, for
+//!   the `Demoted` event, is the lease looked up: the loss is reported as
+//!   [`KeyDeleted`](crate::DemotionReason::KeyDeleted) when an operator deleted the key, or
+//!   [`SessionExpired`](crate::DemotionReason::SessionExpired) when the lease is gone
+//!   (expired or revoked). If etcd does not answer in time, it stays `KeyDeleted` (or
+//!   `SessionExpired` when the keep-alive already heard that the lease is gone).
 //!
 //! etcd's own Election service is not used: it can grant leadership on a lease that has
 //! already expired (etcd-io/etcd#19597). Everything here is plain KV, lease and watch calls,

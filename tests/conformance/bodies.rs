@@ -31,6 +31,11 @@ struct Local {
 
 impl Local {
     fn start<B: Backend>(election: Election<B>) -> Local {
+        Local::of(&election)
+    }
+
+    /// Another campaign of `election` (an election may run many).
+    fn of<B: Backend>(election: &Election<B>) -> Local {
         let mut campaign = election.campaign();
         let handle = campaign.handle();
         let (tx, events) = mpsc::unbounded_channel();
@@ -320,6 +325,90 @@ pub async fn observe_reports_every_leader_change<S: Store>() {
         }
     }
     assert_eq!(reported, order, "observed leaders in order");
+}
+
+pub async fn two_campaigns_of_one_election_never_both_lead<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    // Two campaigns of one `Election` value: they share the backend's pooled session.
+    let backend = store.connect().await;
+    let one = election(backend.clone(), "twin", ttl);
+    let (a, b) = (Local::of(&one), Local::of(&one));
+    take_turns([a, b], ttl).await;
+    // Two `Election`s built with equal settings on one backend value: the same again.
+    let (first, second) = (
+        election(backend.clone(), "twin", ttl),
+        election(backend, "twin", ttl),
+    );
+    take_turns([Local::start(first), Local::start(second)], ttl).await;
+}
+
+/// Runs two campaigns of one election through a few hand-offs: one leads at a time, each
+/// new term only after the other's term was cancelled and with a greater token, and after
+/// each resignation the other campaign leads.
+async fn take_turns(campaigns: [Local; 2], ttl: Duration) {
+    let [mut a, mut b] = campaigns;
+    // Never two leaders, sampled all along.
+    let statuses = [a.campaign.status(), b.campaign.status()];
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let sampler = tokio::spawn(async move {
+        while !*stopped.borrow_and_update() {
+            let leaders = statuses.iter().filter(|s| s.borrow().is_leader()).count();
+            assert!(leaders <= 1, "both campaigns of one election lead at once");
+            let _ = timeout(Duration::from_millis(2), stopped.changed()).await;
+        }
+    });
+    let mut terms: [Option<Term>; 2] = [None, None];
+    let mut last_token = None;
+    let mut leader = None;
+    for round in 0..4 {
+        // Whoever leads first; after a resignation, the other one.
+        let (index, term) = tokio::select! {
+            term = elected(&mut a.events, ttl * 5), if leader != Some(0) => (0, term),
+            term = elected(&mut b.events, ttl * 5), if leader != Some(1) => (1, term),
+        };
+        let other = 1 - index;
+        if let Some(previous) = &terms[other] {
+            assert!(
+                previous.is_cancelled(),
+                "round {round}: campaign {index} leads with token {} while campaign {other} \
+                 still leads with token {}",
+                term.fencing_token(),
+                previous.fencing_token()
+            );
+        }
+        if let Some(last) = last_token {
+            assert!(
+                term.fencing_token() > last,
+                "round {round}: token {} after {last}",
+                term.fencing_token()
+            );
+        }
+        last_token = Some(term.fencing_token());
+        // The other campaign stays a follower meanwhile.
+        sleep(ttl / 2).await;
+        assert!(
+            !term.is_cancelled(),
+            "round {round}: the leader lost its term"
+        );
+        let others = [&mut a, &mut b];
+        let follower = &mut *others.into_iter().nth(other).expect("two campaigns");
+        while let Ok(event) = follower.events.try_recv() {
+            assert!(
+                !matches!(event, LeadershipEvent::Elected(_)),
+                "round {round}: campaign {other} was elected while {index} leads"
+            );
+        }
+        terms[index] = Some(term);
+        let resigning = [&a, &b][index];
+        resigning.campaign.resign().await.expect("resign");
+        leader = Some(index);
+    }
+    stop.send_replace(true);
+    sampler.await.expect("never two leaders");
+    for c in [a, b] {
+        c.campaign.shutdown().await.expect("shutdown");
+    }
 }
 
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only etcd restarts with its data

@@ -34,6 +34,7 @@ conformance!(
         a_partitioned_leader_fences_itself_and_terms_never_overlap,
         a_session_expired_while_waiting_never_leads,
         observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
     ]
 );
 
@@ -45,6 +46,7 @@ conformance!(
         hand_off_on_resign,
         failover_after_the_leader_crashes,
         observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
     ]
 );
 
@@ -60,6 +62,7 @@ conformance!(
         a_session_expired_while_waiting_never_leads,
         re_election_after_the_store_restarts,
         observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
     ]
 );
 
@@ -77,5 +80,6 @@ conformance!(
         a_partitioned_leader_fences_itself_and_terms_never_overlap,
         a_session_expired_while_waiting_never_leads,
         observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
     ]
 );
