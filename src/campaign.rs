@@ -689,18 +689,14 @@ impl<B: Backend> Engine<B> {
         });
         drop(term);
 
-        // Graceful hand-off: wait for the term's guards, then release. After an involuntary
-        // loss there is no point waiting past the instant the store may expire the lock.
-        let patience = match stop_by {
-            Some(at) => (at + self.config.ttl / HARD_STOP_MARGIN_DIVISOR)
-                .saturating_duration_since(Instant::now())
-                .min(self.config.grace),
-            None => self.config.grace,
-        };
-        if timeout(patience, guards.recv()).await.is_err() {
-            span.in_scope(|| {
-                tracing::warn!(waited = ?patience, "the term's guards were still held; releasing anyway")
-            });
+        // Graceful hand-off: wait for the term's guards (the work winding down), then
+        // release. The work must stop before the lease can lapse: at `stop_by` after an
+        // involuntary loss; after a voluntary end, if renewals stop being confirmed meanwhile.
+        if !self
+            .wind_down(&in_force.0, &mut guards, &mut health, stop_by)
+            .await
+        {
+            span.in_scope(|| tracing::warn!("the term's guards were still held; releasing anyway"));
         }
         let released = matches!(
             timeout(self.config.renew_deadline, contender.release()).await,
@@ -718,6 +714,42 @@ impl<B: Backend> Engine<B> {
             let _ = done.send(());
         }
         (reason, released)
+    }
+
+    /// Waits for an ended term's guards: at most the grace, and never past the lease's last
+    /// safe instant, where the term is halted ([`Term::must_stop`]) and the guards get a last
+    /// margin to go. Whether they all went.
+    async fn wind_down(
+        &self,
+        term: &Term,
+        guards: &mut mpsc::Receiver<()>,
+        health: &mut watch::Receiver<SessionHealth>,
+        stop_by: Option<Instant>,
+    ) -> bool {
+        let ttl = self.config.ttl;
+        let margin = ttl / HARD_STOP_MARGIN_DIVISOR;
+        let grace_ends = Instant::now() + self.config.grace;
+        let mut halted: Option<Instant> = None;
+        let mut renewals = stop_by.is_none();
+        loop {
+            let safe_until =
+                stop_by.unwrap_or_else(|| health.borrow().confirmed_sent_at + ttl - margin);
+            tokio::select! {
+                biased;
+                _ = guards.recv() => return true,
+                () = sleep_until(grace_ends) => return false,
+                () = sleep_until(safe_until), if halted.is_none() => {
+                    term.halt(safe_until);
+                    halted = Some(safe_until);
+                }
+                () = sleep_until(halted.map_or(grace_ends, |at| at + margin)), if halted.is_some() => {
+                    return false;
+                }
+                changed = health.changed(), if renewals && halted.is_none() => {
+                    renewals = changed.is_ok();
+                }
+            }
+        }
     }
 
     /// When the work of a term that ended for `reason` must have stopped: see

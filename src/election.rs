@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{Backend, Leader};
 use crate::campaign::{self, Campaign};
@@ -448,13 +448,20 @@ async fn worker_news(running: &mut Option<Worker>) -> WorkerNews {
 impl Worker {
     /// Waits for the worker of an ended term to return, then aborts it: after the grace, or
     /// at the term's [`stop_by`](Term::stop_by) if that comes first (an involuntary loss,
-    /// where the store may hand the lock on).
+    /// where the store may hand the lock on), or when [`Term::must_stop`] says so (renewals
+    /// stopped while a voluntarily ended term winds down).
     async fn stop(mut self, grace: Duration) {
         let mut until = Instant::now() + grace;
         if let Some(stop_by) = self.term.stop_by() {
             until = until.min(stop_by);
         }
-        if timeout_at(until, &mut self.task).await.is_err() {
+        let stopped = tokio::select! {
+            joined = &mut self.task => { let _ = joined; true }
+            () = sleep_until(until) => false,
+            // The lease is about to lapse while the worker winds down (renewals stopped).
+            () = self.term.must_stop() => false,
+        };
+        if !stopped {
             self.task.abort();
             let _ = (&mut self.task).await;
             tracing::warn!(

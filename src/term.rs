@@ -43,8 +43,11 @@ struct Inner {
     started: Instant,
     started_at: SystemTime,
     cancel: CancellationToken,
-    /// Set, before the token is cancelled, when the term ends involuntarily.
+    /// Set, before the token is cancelled, when the term ends involuntarily; or later, when
+    /// the lease is about to lapse while a voluntarily ended term's work winds down.
     stop_by: OnceLock<Instant>,
+    /// Cancelled when the term's work must have stopped: at `stop_by`.
+    halt: CancellationToken,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
     holds: Mutex<Option<mpsc::Sender<()>>>,
 }
@@ -76,6 +79,7 @@ impl Term {
                 started_at: SystemTime::now(),
                 cancel: CancellationToken::new(),
                 stop_by: OnceLock::new(),
+                halt: CancellationToken::new(),
                 holds: Mutex::new(Some(tx)),
             }),
         };
@@ -93,6 +97,13 @@ impl Term {
         if let Ok(mut holds) = self.inner.holds.lock() {
             holds.take();
         }
+    }
+
+    /// The work must stop now: sets [`stop_by`](Term::stop_by) (unless it was set already)
+    /// and completes [`must_stop`](Term::must_stop).
+    pub(crate) fn halt(&self, at: Instant) {
+        let _ = self.inner.stop_by.set(at);
+        self.inner.halt.cancel();
     }
 
     /// The fencing token: greater than that of every earlier term of this election.
@@ -127,12 +138,24 @@ impl Term {
     /// already taken the lock away. [`Election::run`](crate::Election::run) aborts its
     /// worker then, and `incumbent run` kills its command's process group then, whatever the
     /// grace. `None` while the term lasts and after a voluntary end (resign, shutdown, the
-    /// worker's exit), where the lock is kept until the work stops (at most the grace).
+    /// worker's exit), where the lock is kept (and renewed) until the work stops, at most the
+    /// grace; unless renewals stop being confirmed meanwhile, so that the lease could lapse
+    /// first: then it is set, to that instant, when [`must_stop`](Term::must_stop) completes.
     ///
-    /// Set before the token is cancelled: code woken by [`cancelled`](Term::cancelled)
-    /// always sees it.
+    /// After an involuntary loss it is set before the token is cancelled: code woken by
+    /// [`cancelled`](Term::cancelled) always sees it.
     pub fn stop_by(&self) -> Option<Instant> {
         self.inner.stop_by.get().copied()
+    }
+
+    /// Completes when the term's work must have stopped, some time after the term was
+    /// cancelled: at [`stop_by`](Term::stop_by) after an involuntary loss, or, after a
+    /// voluntary end, when renewals stopped being confirmed while the work was winding down
+    /// (so the lease could lapse before the grace ends). [`Election::run`](crate::Election::run)
+    /// aborts its worker then; if you run work from a raw campaign, kill it then. It is fired
+    /// by the campaign's task; `stop_by` is the instant to arm a timer of your own with.
+    pub fn must_stop(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.halt.cancelled()
     }
 
     /// Whether leadership has ended.

@@ -862,3 +862,56 @@ async fn a_panic_in_the_campaign_task_ends_the_term_and_the_stream() {
     assert!(!status.borrow().is_leader());
     assert!(matches!(a.resign().await, Err(Error::Stopped)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_winding_down_after_a_shutdown_is_stopped_if_the_lease_would_lapse() {
+    let store = MemoryBackend::new();
+    let (a_client, b_client) = (store.client(), store.client());
+    let a = Election::builder(a_client.clone(), NAME)
+        .candidate("a")
+        .ttl(TTL)
+        .grace(Duration::from_secs(30)) // a voluntary end keeps the lock for this long at most
+        .build()
+        .expect("valid settings");
+    let beats: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run_a = tokio::spawn({
+        let w = stubborn_worker(beats.clone());
+        async move {
+            a.run_until(w, async {
+                let _ = stopped.await;
+            })
+            .await
+        }
+    });
+    sleep(Duration::from_millis(100)).await;
+    let mut b = election(&b_client, "b").campaign();
+    sleep(Duration::from_millis(100)).await;
+    let a_token = beats.lock().unwrap().first().expect("A's worker ran").0;
+
+    // A shuts down (a voluntary end: its worker gets the grace), and loses the store at once:
+    // its lease lapses long before the grace ends, and B takes over.
+    stop.send(()).expect("A runs");
+    a_client.set_reachability(Reachability::Hanging);
+    let b_term = elected(&mut b, TTL * 3).await;
+    let b_started = Instant::now();
+    let last_a_beat = beats
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(token, _)| *token == a_token)
+        .map(|(_, at)| *at)
+        .max()
+        .expect("beats");
+    assert!(
+        last_a_beat < b_started,
+        "A's worker ran until {last_a_beat:?}, after B started at {b_started:?}"
+    );
+    assert!(b_term.fencing_token() > a_token);
+    a_client.set_reachability(Reachability::Reachable);
+    timeout(TTL * 3, run_a)
+        .await
+        .expect("A's run_until returns")
+        .expect("join")
+        .expect("run_until");
+}

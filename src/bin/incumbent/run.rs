@@ -685,9 +685,12 @@ async fn stopping_next(stopping: &mut Option<Stopping>) -> StopEvent {
         return std::future::pending().await;
     };
     let (kill_at, killed) = (stopping.kill_at, stopping.killed);
+    let term = stopping.running.term().clone();
     tokio::select! {
         exited = stopping.running.wait() => StopEvent::Exited(exited),
         () = sleep_until(kill_at), if !killed => StopEvent::KillDue,
+        // The lease is about to lapse while the command winds down (renewals stopped).
+        () = term.must_stop(), if !killed => StopEvent::KillDue,
     }
 }
 
