@@ -11,7 +11,7 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::stores::Store;
 use crate::support::events::{demoted, elected};
 
-const ELECTION: &str = "conformance/leader";
+pub const ELECTION: &str = "conformance/leader";
 
 fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
     Election::builder(backend, ELECTION)
@@ -409,6 +409,34 @@ async fn take_turns(campaigns: [Local; 2], ttl: Duration) {
     for c in [a, b] {
         c.campaign.shutdown().await.expect("shutdown");
     }
+}
+
+/// The term ends the instant the leader sees its lock gone, not after it asked the store
+/// why: here the store cannot hear the leader (its requests are held back) from the moment
+/// the lock is taken away, yet the loss reaches it. Once the store hears it again, the
+/// `Demoted` event gives the reason the store tells.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+pub async fn a_loss_ends_the_term_before_the_store_is_asked_why<S: Store>() {
+    let (store, _server) = S::start().await;
+    // A long ttl: the renew deadline (2/3 of it) is far from the instants measured here.
+    let ttl = Duration::from_secs(10).max(store.ttl());
+    let (backend, deaf) = store.connect_deaf_store().await;
+    let mut leader = Local::start(election(backend.clone(), "a", ttl));
+    let term = elected(&mut leader.events, ttl).await;
+    deaf.cut();
+    let reason = store.take_the_lock_away(&backend).await;
+    let taken = Instant::now();
+    // Asking the store why would hang until the heal below.
+    let heal_after = Duration::from_secs(2);
+    assert!(
+        timeout(heal_after / 2, term.cancelled()).await.is_ok(),
+        "the term outlived the loss by {:?}: it waits for the store",
+        taken.elapsed()
+    );
+    println!("term cancelled {:?} after the loss", taken.elapsed());
+    sleep(heal_after.saturating_sub(taken.elapsed())).await;
+    deaf.heal();
+    assert_eq!(demoted(&mut leader.events, ttl).await, reason);
 }
 
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // only etcd restarts with its data

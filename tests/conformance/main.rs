@@ -63,6 +63,7 @@ conformance!(
         re_election_after_the_store_restarts,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_loss_ends_the_term_before_the_store_is_asked_why,
     ]
 );
 
@@ -81,5 +82,6 @@ conformance!(
         a_session_expired_while_waiting_never_leads,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_loss_ends_the_term_before_the_store_is_asked_why,
     ]
 );

@@ -59,11 +59,76 @@ pub trait Store: Clone + Send + Sync + 'static {
         unimplemented!("this store has no sessions to expire")
     }
 
+    /// A connection whose requests the test can hold back (the partition's `cut`), while
+    /// what the store sends (answers already on their way, watch events) still arrives.
+    #[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+    async fn connect_deaf_store(&self) -> (Self::Backend, Partition) {
+        unimplemented!("this store has no network to cut")
+    }
+
+    /// Takes the lock away from `backend`'s leader behind its back, in a way that the leader
+    /// can only tell apart from others by asking the store; returns the reason its `Demoted`
+    /// event must give once the store answers.
+    #[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+    async fn take_the_lock_away(&self, _backend: &Self::Backend) -> incumbent::DemotionReason {
+        unimplemented!("this store cannot take a lock away")
+    }
+
     /// Restarts the store, keeping its data.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     async fn restart(_server: &mut Self::Server) {
         unimplemented!("this store cannot be restarted")
     }
+}
+
+/// A TCP proxy to `upstream` on a fresh loopback port whose client-to-store direction can be
+/// held back (`cut`: bytes withheld, not lost), while the store-to-client direction always
+/// flows: the store's events reach the client, its requests do not reach the store.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+async fn deaf_proxy(upstream: std::net::SocketAddr) -> (std::net::SocketAddr, Partition) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind the proxy");
+    let addr = listener.local_addr().expect("the proxy's address");
+    let (held, _) = tokio::sync::watch::channel(false);
+    let held = Arc::new(held);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (accepting, stopping) = (held.clone(), stop.clone());
+    tokio::spawn(stopping.run_until_cancelled_owned(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                continue;
+            };
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            let mut open = accepting.subscribe();
+            tokio::spawn(async move {
+                let mut buffer = vec![0; 16 * 1024];
+                loop {
+                    let read = match client_read.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(read) => read,
+                    };
+                    if open.wait_for(|held| !held).await.is_err()
+                        || server_write.write_all(&buffer[..read]).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+            });
+        }
+    }));
+    let partition = Partition::new(
+        move |cut| {
+            held.send_replace(cut);
+        },
+        stop.drop_guard(),
+    );
+    (addr, partition)
 }
 
 /// The in-process memory backend.
@@ -196,6 +261,32 @@ impl Store for Consul {
         }
     }
 
+    async fn connect_deaf_store(&self) -> (incumbent::consul::ConsulBackend, Partition) {
+        let (addr, partition) = deaf_proxy(self.http).await;
+        (Self::backend(format!("http://{addr}")), partition)
+    }
+
+    /// Releases the leader's lock with its own session id, as an operator can: the key loses
+    /// its session as when the session is invalidated, but the session lives on.
+    async fn take_the_lock_away(
+        &self,
+        backend: &incumbent::consul::ConsulBackend,
+    ) -> incumbent::DemotionReason {
+        let admin = incumbent::consul::client::ConsulClient::new(
+            incumbent::consul::ConsulConfig::new(format!("http://{}", self.http)),
+        )
+        .expect("admin client");
+        let [session] = backend.session_ids().try_into().expect("one session");
+        let options = incumbent::consul::client::PutOptions {
+            release: Some(session),
+            ..Default::default()
+        };
+        let key = backend.key(crate::bodies::ELECTION);
+        let released = admin.kv_put(&key, b"released by an operator", &options);
+        assert!(released.await.expect("release"), "the lock was released");
+        incumbent::DemotionReason::LockTaken
+    }
+
     /// Restarts the agent on the same ports. A dev agent keeps no data: it comes back empty,
     /// without sessions or keys.
     async fn restart(server: &mut crate::support::ConsulDev) {
@@ -256,6 +347,24 @@ impl Store for Etcd {
         for id in backend.lease_ids() {
             admin.lease_revoke(id).await.expect("revoke a lease");
         }
+    }
+
+    async fn connect_deaf_store(&self) -> (incumbent::etcd::EtcdBackend, Partition) {
+        let (addr, partition) = deaf_proxy(self.client).await;
+        let backend = incumbent::etcd::EtcdBackend::connect([format!("http://{addr}")])
+            .await
+            .expect("connect to etcd through the proxy");
+        (backend, partition)
+    }
+
+    /// Revokes the leader's lease: its key is deleted, as by an operator's delete, but the
+    /// lease is gone.
+    async fn take_the_lock_away(
+        &self,
+        backend: &incumbent::etcd::EtcdBackend,
+    ) -> incumbent::DemotionReason {
+        self.expire_sessions(backend).await;
+        incumbent::DemotionReason::SessionExpired
     }
 
     /// Restarts the server on the same ports and data directory: keys and leases survive.
