@@ -1,0 +1,230 @@
+//! The safety checker: runs `incumbent run` candidates against a real store, injects seeded
+//! faults into the leader, its link, its stderr and the store, records what every leader's
+//! command did (a history), and checks the history afterwards: no two terms at once (unless
+//! the old leader's supervisor was frozen, where the fence must have refused every stale
+//! write), tokens strictly growing and never shared, no command outliving its supervisor,
+//! and one leader again within the promised bound after every fault. See RELIABILITY.md.
+//!
+//! ```text
+//! cargo build --release --all-features      # builds target/release/incumbent
+//! cargo run --release --example chaos --all-features -- --backend etcd --faults 50 --seed 7
+//! ```
+//!
+//! Options: `--backend file,etcd,consul` (default: all three, one after another),
+//! `--faults N` per backend (default 20), `--seed S` (default 1), `--candidates N` (default
+//! 3), `--max-time SECS` per backend (default 1200), `--kinds a,b` (fault names, default all
+//! that apply), `--keep DIR` (keep the histories in DIR/<backend>/). `chaos check DIR` checks
+//! a kept history again. Servers (etcd, consul) are started on free loopback ports in temp
+//! dirs: install them with `scripts/install-test-deps`. Exit code 1 on any violation.
+//!
+//! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`.
+
+#[path = "chaos/check.rs"]
+mod check;
+#[path = "chaos/run.rs"]
+mod run;
+#[path = "../tests/support/mod.rs"]
+mod support;
+#[path = "chaos/worker.rs"]
+mod worker;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use run::{Backend, Config, Fault};
+
+const USAGE: &str = "usage: chaos [--backend file,etcd,consul] [--faults N] [--seed S] \
+[--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] | chaos check DIR";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("worker") if args.len() == 3 => {
+            let code = worker::worker(Path::new(&args[1]), Path::new(&args[2]));
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+        Some("check") if args.len() == 2 => recheck(Path::new(&args[1])),
+        _ => match options(&args) {
+            Ok(configs) => run_all(&configs, &args),
+            Err(e) => {
+                eprintln!("chaos: {e}\n{USAGE}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}
+
+/// The `incumbent` binary built next to this example: `target/<profile>/incumbent`.
+fn incumbent_binary() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("where am I: {e}"))?;
+    let profile = me
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("this program is not in target/<profile>/examples/")?;
+    let binary = profile.join("incumbent");
+    if binary.is_file() {
+        Ok(binary)
+    } else {
+        let release = if profile.ends_with("release") {
+            " --release"
+        } else {
+            ""
+        };
+        Err(format!(
+            "{} is missing: build it first with `cargo build{release} --all-features`",
+            binary.display()
+        ))
+    }
+}
+
+fn options(args: &[String]) -> Result<Vec<Config>, String> {
+    let mut backends = Backend::ALL.to_vec();
+    let mut config = Config {
+        backend: Backend::File,
+        candidates: 3,
+        faults: 20,
+        seed: 1,
+        max_time: Duration::from_secs(1200),
+        kinds: Vec::new(),
+        in_turn: false,
+        incumbent: PathBuf::new(),
+        worker: Vec::new(),
+        keep: None,
+    };
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} {value}: not a number"))
+        };
+        match flag.as_str() {
+            "--backend" => {
+                backends = value
+                    .split(',')
+                    .map(|b| {
+                        Backend::ALL
+                            .into_iter()
+                            .find(|x| x.name() == b)
+                            .ok_or(format!("unknown backend {b}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--faults" => config.faults = number()? as usize,
+            "--seed" => config.seed = number()?,
+            "--candidates" => config.candidates = (number()? as usize).max(2),
+            "--max-time" => config.max_time = Duration::from_secs(number()?),
+            "--kinds" => {
+                config.kinds = value
+                    .split(',')
+                    .map(|k| {
+                        Fault::ALL
+                            .into_iter()
+                            .find(|f| f.name() == k)
+                            .ok_or(format!("unknown fault {k}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--keep" => config.keep = Some(PathBuf::from(value)),
+            _ => return Err(format!("unknown option {flag}")),
+        }
+    }
+    config.incumbent = incumbent_binary()?;
+    let me = std::env::current_exe().map_err(|e| format!("where am I: {e}"))?;
+    config.worker = vec![me.into_os_string(), OsString::from("worker")];
+    Ok(backends
+        .into_iter()
+        .map(|backend| Config {
+            backend,
+            ..config.clone()
+        })
+        .collect())
+}
+
+fn run_all(configs: &[Config], args: &[String]) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("start the async runtime");
+    let command = format!(
+        "cargo run --release --example chaos --all-features -- {}",
+        args.join(" ")
+    );
+    let mut table = String::from(check::TABLE_HEADER);
+    let mut failed = false;
+    for config in configs {
+        eprintln!(
+            "chaos: {}: {} faults, seed {}, {} candidates…",
+            config.backend.name(),
+            config.faults,
+            config.seed,
+            config.candidates
+        );
+        let outcome = runtime.block_on(run::run(config));
+        let name = config.backend.name();
+        table.push_str(&check::table_rows(name, &outcome.verdict));
+        eprintln!(
+            "chaos: {}: {} faults in {:.0} s, {} violation(s){}",
+            name,
+            outcome.injected,
+            outcome.elapsed.as_secs_f64(),
+            outcome.verdict.violations.len(),
+            config
+                .keep
+                .as_ref()
+                .map(|d| format!(", history in {}", d.join(name).display()))
+                .unwrap_or_default()
+        );
+        for note in &outcome.verdict.notes {
+            println!("note: {note}");
+        }
+        for violation in &outcome.verdict.violations {
+            println!("VIOLATION ({name}): {violation}");
+            failed = true;
+        }
+    }
+    println!("\nseed {}; command: {command}\n", configs[0].seed);
+    println!("{table}");
+    if failed {
+        println!("FAILED: see the violations above");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Checks a kept history again.
+fn recheck(dir: &Path) -> ExitCode {
+    let history = match check::History::read(dir) {
+        Ok(history) => history,
+        Err(e) => {
+            eprintln!("chaos: read the history in {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
+    };
+    let verdict = check::check(&history);
+    for note in &verdict.notes {
+        println!("note: {note}");
+    }
+    for violation in &verdict.violations {
+        println!("VIOLATION: {violation}");
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    println!(
+        "{}{}",
+        check::TABLE_HEADER,
+        check::table_rows(&name, &verdict)
+    );
+    if verdict.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

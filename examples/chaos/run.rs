@@ -1,0 +1,807 @@
+//! The fault loop: starts a store, N `incumbent run` candidates (each through its own TCP
+//! proxy) whose command is the worker, injects seeded faults one at a time, waits after each
+//! for exactly one running leader within the promised bound, and records everything it did
+//! next to the workers' ledgers. The checker ([`crate::check`]) judges the history afterwards.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+use tokio::time::sleep;
+
+use crate::check::{self, Death, FaultRecord, History, Verdict};
+use crate::support::bin::find_binary;
+use crate::support::net::{free_addr, free_port};
+use crate::support::{EtcdServer, Probe, Proxy, ServerProcess};
+use crate::worker::mono_ns;
+
+/// The election every candidate runs for.
+const ELECTION: &str = "chaos/worker";
+
+/// How long the first leader may take, servers started.
+const FIRST_LEADER: Duration = Duration::from_secs(60);
+
+/// A leader is running when its last beat is at most this old.
+const FRESH_BEAT: Duration = Duration::from_millis(200);
+
+/// One leader must run alone this long to count as the leader again.
+const STABLE: Duration = Duration::from_millis(300);
+
+/// How long a SIGTERMed supervisor may take to exit.
+const EXIT_LIMIT: Duration = Duration::from_secs(10);
+
+/// The bound after a voluntary hand-off (SIGTERM, resign): the old leader stops its worker
+/// (which exits at once) and releases, and a follower takes over.
+const HANDOFF_BOUND: Duration = Duration::from_secs(2);
+
+/// Where the elections live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Backend {
+    File,
+    Etcd,
+    Consul,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 3] = [Backend::File, Backend::Etcd, Backend::Consul];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::File => "file",
+            Backend::Etcd => "etcd",
+            Backend::Consul => "consul",
+        }
+    }
+
+    /// The candidates' `--ttl`. Consul's smallest session ttl is 10 s.
+    pub fn ttl(self) -> Duration {
+        match self {
+            Backend::File => Duration::from_secs(1),
+            Backend::Etcd => Duration::from_secs(2),
+            Backend::Consul => Duration::from_secs(10),
+        }
+    }
+
+    /// The promised time from a leader's death (or its cut-off from the store) to a new
+    /// leader's command: the kernel frees a dead process's `flock` at once; etcd revokes an
+    /// expired lease within about half a second of its ttl; Consul invalidates a session
+    /// between ttl and 2 × ttl (lock-delay 0).
+    pub fn failover_bound(self) -> Duration {
+        match self {
+            Backend::File => Duration::from_secs(1),
+            Backend::Etcd => self.ttl() + Duration::from_secs(2),
+            Backend::Consul => self.ttl() * 2 + Duration::from_secs(5),
+        }
+    }
+
+    /// The faults that apply to this backend.
+    pub fn faults(self) -> Vec<Fault> {
+        match self {
+            Backend::File => vec![
+                Fault::Kill9,
+                Fault::Sigterm,
+                Fault::FreezeGroup,
+                Fault::FreezeSupervisor,
+                Fault::StderrStall,
+            ],
+            Backend::Etcd | Backend::Consul => Fault::ALL.to_vec(),
+        }
+    }
+}
+
+/// A fault, done to the current leader (or its store, or its link).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the leader's supervisor (`incumbent run`); restart it.
+    Kill9,
+    /// SIGTERM the leader's supervisor; restart it once it has exited.
+    Sigterm,
+    /// SIGSTOP the supervisor and the worker's process group for longer than the ttl (a VM
+    /// pause), then SIGCONT.
+    FreezeGroup,
+    /// SIGSTOP only the supervisor for longer than the ttl, then SIGCONT: its command runs on.
+    FreezeSupervisor,
+    /// SIGSTOP the store for longer than the ttl, then SIGCONT.
+    StorePause,
+    /// SIGKILL the store, then start it again on the same data.
+    StoreRestart,
+    /// Black-hole the leader's link to the store for longer than the ttl.
+    Blackhole,
+    /// Delay every chunk on the leader's link by ttl/20 to ttl/5 for about a ttl.
+    Latency,
+    /// Stop reading the leader's stderr, fill the pipe, make it resign (SIGUSR1), read again.
+    StderrStall,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 9] = [
+        Fault::Kill9,
+        Fault::Sigterm,
+        Fault::FreezeGroup,
+        Fault::FreezeSupervisor,
+        Fault::StorePause,
+        Fault::StoreRestart,
+        Fault::Blackhole,
+        Fault::Latency,
+        Fault::StderrStall,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill9 => "kill9-leader",
+            Fault::Sigterm => "sigterm-leader",
+            Fault::FreezeGroup => "sigstop-group",
+            Fault::FreezeSupervisor => "sigstop-supervisor",
+            Fault::StorePause => "sigstop-store",
+            Fault::StoreRestart => "kill9-restart-store",
+            Fault::Blackhole => "blackhole-link",
+            Fault::Latency => "latency-link",
+            Fault::StderrStall => "stalled-stderr-resign",
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub backend: Backend,
+    /// How many candidates.
+    pub candidates: usize,
+    /// How many faults.
+    pub faults: usize,
+    /// Seeds every choice: which fault, on whom, for how long.
+    pub seed: u64,
+    /// No fault is started after this long.
+    pub max_time: Duration,
+    /// Draw only from these (those that apply to the backend); empty: all that apply.
+    pub kinds: Vec<Fault>,
+    /// Take `kinds` in turn instead of drawing them.
+    pub in_turn: bool,
+    /// The `incumbent` binary.
+    pub incumbent: PathBuf,
+    /// The worker command: a program and its first arguments; the ledger and fence
+    /// directories are appended.
+    pub worker: Vec<OsString>,
+    /// Keep the history here instead of in a temp dir that is removed.
+    pub keep: Option<PathBuf>,
+}
+
+/// The outcome of one backend's run.
+pub struct Outcome {
+    pub verdict: Verdict,
+    /// How many faults were injected.
+    pub injected: usize,
+    pub elapsed: Duration,
+}
+
+/// Runs the fault loop for one backend and checks its history.
+pub async fn run(config: &Config) -> Outcome {
+    let started = Instant::now();
+    let temp = tempfile::Builder::new()
+        .prefix("incumbent-chaos-")
+        .tempdir()
+        .expect("create a temp dir");
+    let dir = match &config.keep {
+        Some(dir) => {
+            let dir = dir.join(config.backend.name());
+            std::fs::create_dir_all(&dir).expect("create the history dir");
+            dir
+        }
+        None => temp.path().to_path_buf(),
+    };
+    let mut errors = Vec::new();
+    let injected = {
+        let mut world = World::start(config, &dir).await;
+        let injected = world.fault_loop(config, &mut errors).await;
+        world.shut_down(&mut errors).await;
+        injected
+    };
+    let mut history = History::read(&dir).expect("read the history");
+    history.errors = errors;
+    let verdict = check::check(&history);
+    Outcome {
+        verdict,
+        injected,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// The store the candidates elect through.
+enum Store {
+    File,
+    Etcd(EtcdServer),
+    Consul(ConsulServer),
+}
+
+impl Store {
+    async fn start(backend: Backend) -> Store {
+        match backend {
+            Backend::File => Store::File,
+            Backend::Etcd => Store::Etcd(EtcdServer::single().await),
+            Backend::Consul => Store::Consul(ConsulServer::start().await),
+        }
+    }
+
+    fn client_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Store::File => None,
+            Store::Etcd(etcd) => Some(etcd.client_addr()),
+            Store::Consul(consul) => Some(consul.http),
+        }
+    }
+
+    fn process(&mut self) -> Option<&mut ServerProcess> {
+        match self {
+            Store::File => None,
+            Store::Etcd(etcd) => Some(etcd.process()),
+            Store::Consul(consul) => Some(&mut consul.process),
+        }
+    }
+}
+
+/// A one-server Consul that keeps its data on disk (not `-dev`, which forgets everything
+/// on a restart: its indexes, and so the fencing tokens, would start again from 1).
+struct ConsulServer {
+    process: ServerProcess,
+    http: std::net::SocketAddr,
+    _dir: TempDir,
+}
+
+impl ConsulServer {
+    async fn start() -> ConsulServer {
+        let consul = find_binary("consul");
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-chaos-consul-")
+            .tempdir()
+            .expect("create a consul temp dir");
+        let http = free_addr();
+        let mut args: Vec<String> = vec![
+            "agent".into(),
+            "-server".into(),
+            "-bootstrap-expect=1".into(),
+            "-node=chaos".into(),
+            "-bind=127.0.0.1".into(),
+            "-client=127.0.0.1".into(),
+            "-log-level=warn".into(),
+            "-hcl=performance { raft_multiplier = 1 }".into(),
+            format!("-http-port={}", http.port()),
+            format!("-data-dir={}", dir.path().join("data").display()),
+        ];
+        for flag in [
+            "-dns-port",
+            "-serf-lan-port",
+            "-serf-wan-port",
+            "-server-port",
+            "-grpc-port",
+        ] {
+            args.push(format!("{flag}={}", free_port()));
+        }
+        let probe = Probe::Http {
+            addr: http,
+            path: "/v1/status/leader",
+            check: |body| serde_json::from_str::<String>(body).is_ok_and(|l| !l.is_empty()),
+        };
+        let mut process = ServerProcess::spawn("consul", consul, args, dir.path(), probe);
+        process.wait_ready().await;
+        ConsulServer {
+            process,
+            http,
+            _dir: dir,
+        }
+    }
+}
+
+/// One `incumbent run` process, its stderr read by a thread that can be told to stall.
+struct Candidate {
+    child: Child,
+    stalled: Arc<AtomicBool>,
+    /// A write end of its stderr pipe, to fill it.
+    stderr: std::io::PipeWriter,
+}
+
+impl Candidate {
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits i32")
+    }
+}
+
+/// A worker, from the first line of its ledger.
+#[derive(Clone, Debug)]
+struct Seen {
+    pid: i32,
+    supervisor: i32,
+    token: u64,
+    path: PathBuf,
+    dead: bool,
+}
+
+/// Everything a run starts; killed on drop.
+struct World {
+    backend: Backend,
+    dir: PathBuf,
+    ledger: PathBuf,
+    fence: PathBuf,
+    store: Store,
+    proxies: Vec<Option<Proxy>>,
+    candidates: Vec<Option<Candidate>>,
+    generations: Vec<u32>,
+    seen: Vec<Seen>,
+    config: Config,
+    faults_log: File,
+    deaths_log: File,
+}
+
+impl World {
+    async fn start(config: &Config, dir: &Path) -> World {
+        let ledger = dir.join("ledger");
+        let fence = dir.join("fence");
+        std::fs::create_dir_all(&ledger).expect("create the ledger dir");
+        std::fs::create_dir_all(&fence).expect("create the fence dir");
+        let store = Store::start(config.backend).await;
+        let proxies = (0..config.candidates)
+            .map(|_| store.client_addr().map(Proxy::start))
+            .collect();
+        let open = |name: &str| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(name))
+                .expect("open a history file")
+        };
+        let mut world = World {
+            backend: config.backend,
+            dir: dir.to_path_buf(),
+            ledger,
+            fence,
+            store,
+            proxies,
+            candidates: (0..config.candidates).map(|_| None).collect(),
+            generations: vec![0; config.candidates],
+            seen: Vec::new(),
+            config: config.clone(),
+            faults_log: open(check::FAULTS_FILE),
+            deaths_log: open(check::DEATHS_FILE),
+        };
+        for index in 0..config.candidates {
+            world.spawn(index);
+        }
+        world
+    }
+
+    fn url(&self, index: usize) -> String {
+        match (&self.store, &self.proxies[index]) {
+            (Store::File, _) => format!("file://{}", self.dir.join("locks").display()),
+            (Store::Etcd(_), Some(proxy)) => format!("etcd://{}", proxy.addr()),
+            (Store::Consul(_), Some(proxy)) => format!("consul://{}", proxy.addr()),
+            (_, None) => unreachable!("store backends have a proxy per candidate"),
+        }
+    }
+
+    fn spawn(&mut self, index: usize) {
+        self.generations[index] += 1;
+        let generation = self.generations[index];
+        let (mut reader, writer) = std::io::pipe().expect("a pipe for stderr");
+        let ttl = format!("{}ms", self.backend.ttl().as_millis());
+        let mut command = Command::new(&self.config.incumbent);
+        command
+            .args(["run", "--backend", &self.url(index), "--election", ELECTION])
+            .args(["--id", &format!("c{index}-{generation}"), "--ttl", &ttl])
+            .args(["--grace", "1s"]);
+        if self.backend == Backend::Consul {
+            command.args(["--lock-delay", "0s"]);
+        }
+        command
+            .arg("--")
+            .args(&self.config.worker)
+            .arg(&self.ledger)
+            .arg(&self.fence)
+            .env_remove("RUST_LOG")
+            .env_remove("INCUMBENT_BACKEND")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(writer.try_clone().expect("dup the stderr pipe"));
+        // SAFETY: the hook only calls prctl(2), which is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.config.incumbent.display()));
+        let stalled = Arc::new(AtomicBool::new(false));
+        let log_path = self.dir.join(format!("candidate-{index}.log"));
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log_path)
+            .expect("open a candidate log");
+        let _ = writeln!(log, "--- c{index}-{generation} pid {}", child.id());
+        let stall = stalled.clone();
+        std::thread::spawn(move || {
+            let mut buffer = vec![0; 16 * 1024];
+            loop {
+                while stall.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                match reader.read(&mut buffer) {
+                    Ok(0) | Err(_) => return,
+                    // The stall's filler is dots without a newline: not worth keeping.
+                    Ok(n) if buffer[..n].iter().all(|&b| b == b'.') => {}
+                    Ok(n) => {
+                        let _ = log.write_all(&buffer[..n]);
+                    }
+                }
+            }
+        });
+        self.candidates[index] = Some(Candidate {
+            child,
+            stalled,
+            stderr: writer,
+        });
+    }
+
+    /// Reads the first line of new ledgers and marks dead workers.
+    fn scan(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.ledger) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if self.seen.iter().any(|s| s.path == path) {
+                    continue;
+                }
+                let first = std::fs::read_to_string(&path).unwrap_or_default();
+                if let Some(worker) = check::parse_worker(&first) {
+                    self.seen.push(Seen {
+                        pid: worker.pid,
+                        supervisor: worker.supervisor,
+                        token: worker.token,
+                        path,
+                        dead: false,
+                    });
+                }
+            }
+        }
+        for seen in self.seen.iter_mut().filter(|s| !s.dead) {
+            seen.dead = !alive(seen.pid);
+        }
+    }
+
+    fn candidate_by_pid(&self, pid: i32) -> Option<usize> {
+        self.candidates
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.pid() == pid))
+    }
+
+    /// The one running leader, if exactly one worker lives, is not frozen, beats, and its
+    /// supervisor runs.
+    fn running_leader(&mut self) -> Option<Seen> {
+        self.scan();
+        let alive: Vec<&Seen> = self.seen.iter().filter(|s| !s.dead).collect();
+        let [leader] = alive[..] else {
+            return None;
+        };
+        let leader = leader.clone();
+        let index = self.candidate_by_pid(leader.supervisor)?;
+        let supervisor = self.candidates[index].as_ref()?.pid();
+        if proc_state(leader.pid) == Some('T') || proc_state(supervisor) == Some('T') {
+            return None;
+        }
+        let fresh = last_beat_ns(&leader.path)
+            .is_some_and(|at| mono_ns().saturating_sub(at) < FRESH_BEAT.as_nanos() as u64);
+        fresh.then_some(leader)
+    }
+
+    /// Waits until one leader has run, alone, for [`STABLE`]; when that began within
+    /// `limit`, the leader and the instant it began.
+    async fn await_leader(&mut self, limit: Duration) -> Option<(Seen, u64)> {
+        let deadline = Instant::now() + limit;
+        let mut current: Option<(Seen, u64, Instant)> = None;
+        loop {
+            match (self.running_leader(), &current) {
+                (Some(leader), Some((seen, _, _))) if leader.pid == seen.pid => {}
+                (Some(leader), _) => current = Some((leader, mono_ns(), Instant::now())),
+                (None, _) => current = None,
+            }
+            if let Some((leader, at, since)) = &current {
+                if *since > deadline {
+                    return None;
+                }
+                if since.elapsed() >= STABLE {
+                    return Some((leader.clone(), *at));
+                }
+            } else if Instant::now() >= deadline {
+                return None;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn record_death(&mut self, pid: i32, at_ns: u64) {
+        let line = serde_json::to_string(&Death { pid, at_ns }).expect("serialize");
+        let _ = writeln!(self.deaths_log, "{line}");
+    }
+
+    /// SIGKILLs candidate `index` and reaps it.
+    fn kill9(&mut self, index: usize) {
+        if let Some(mut candidate) = self.candidates[index].take() {
+            let pid = candidate.pid();
+            let at = mono_ns();
+            signal(pid, libc::SIGKILL);
+            let _ = candidate.child.wait();
+            self.record_death(pid, at);
+        }
+    }
+
+    /// SIGTERMs candidate `index` and waits for it to exit; SIGKILLs it if it does not.
+    async fn terminate(&mut self, index: usize, errors: &mut Vec<String>) {
+        let Some(candidate) = self.candidates[index].as_mut() else {
+            return;
+        };
+        let pid = candidate.pid();
+        signal(pid, libc::SIGCONT);
+        signal(pid, libc::SIGTERM);
+        let deadline = Instant::now() + EXIT_LIMIT;
+        loop {
+            if let Ok(Some(_)) = candidate.child.try_wait() {
+                self.candidates[index] = None;
+                self.record_death(pid, mono_ns());
+                return;
+            }
+            if Instant::now() >= deadline {
+                errors.push(format!(
+                    "candidate {index} (pid {pid}) did not exit within {EXIT_LIMIT:?} of SIGTERM"
+                ));
+                self.kill9(index);
+                return;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Runs the faults; returns how many were injected.
+    async fn fault_loop(&mut self, config: &Config, errors: &mut Vec<String>) -> usize {
+        let mut rng = fastrand::Rng::with_seed(config.seed);
+        let applicable = self.backend.faults();
+        let kinds: Vec<Fault> = if config.kinds.is_empty() {
+            applicable
+        } else {
+            config
+                .kinds
+                .iter()
+                .copied()
+                .filter(|k| applicable.contains(k))
+                .collect()
+        };
+        let started = Instant::now();
+        let Some((mut leader, _)) = self.await_leader(FIRST_LEADER).await else {
+            errors.push(format!("no leader within {FIRST_LEADER:?} of the start"));
+            return 0;
+        };
+        let mut injected = 0;
+        for n in 0..config.faults {
+            if kinds.is_empty() || started.elapsed() >= config.max_time {
+                break;
+            }
+            let fault = if config.in_turn {
+                kinds[n % kinds.len()]
+            } else {
+                kinds[rng.usize(..kinds.len())]
+            };
+            let Some(index) = self.candidate_by_pid(leader.supervisor) else {
+                errors.push(format!(
+                    "the leader's supervisor {} is unknown",
+                    leader.supervisor
+                ));
+                break;
+            };
+            let (inject_ns, heal_ns, bound) =
+                self.inject(fault, index, &leader, &mut rng, errors).await;
+            injected += 1;
+            let since = Duration::from_nanos(mono_ns().saturating_sub(inject_ns));
+            let settled = self.await_leader(bound.saturating_sub(since)).await;
+            let record = FaultRecord {
+                kind: fault.name().to_owned(),
+                supervisor: leader.supervisor,
+                worker: leader.pid,
+                token: leader.token,
+                freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
+                inject_ns,
+                heal_ns,
+                settled_ns: settled.as_ref().map(|(_, at)| *at),
+                bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+            };
+            let line = serde_json::to_string(&record).expect("serialize");
+            let _ = writeln!(self.faults_log, "{line}");
+            match settled {
+                Some((next, _)) => leader = next,
+                None => {
+                    errors.push(format!(
+                        "fault {n} ({}): no single running leader within {bound:?}; \
+                         candidate logs in {}",
+                        fault.name(),
+                        self.dir.display()
+                    ));
+                    break;
+                }
+            }
+            // Let the leader work a little before the next fault.
+            sleep(Duration::from_millis(200 + rng.u64(..300))).await;
+        }
+        injected
+    }
+
+    /// Injects `fault` on candidate `index`, the leader; returns when it began, when it was
+    /// lifted, and the bound from its beginning to one leader again.
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        index: usize,
+        leader: &Seen,
+        rng: &mut fastrand::Rng,
+        errors: &mut Vec<String>,
+    ) -> (u64, u64, Duration) {
+        let ttl = self.backend.ttl();
+        // Longer than the ttl: 1.5 to 2.5 ttl.
+        let hold = ttl * 3 / 2 + Duration::from_millis(rng.u64(..ttl.as_millis() as u64));
+        let supervisor = leader.supervisor;
+        let inject = mono_ns();
+        match fault {
+            Fault::Kill9 => {
+                self.kill9(index);
+                self.spawn(index);
+            }
+            Fault::Sigterm => {
+                self.terminate(index, errors).await;
+                self.spawn(index);
+            }
+            Fault::FreezeGroup => {
+                signal(supervisor, libc::SIGSTOP);
+                signal(-leader.pid, libc::SIGSTOP);
+                sleep(hold).await;
+                signal(-leader.pid, libc::SIGCONT);
+                signal(supervisor, libc::SIGCONT);
+            }
+            Fault::FreezeSupervisor => {
+                signal(supervisor, libc::SIGSTOP);
+                sleep(hold).await;
+                signal(supervisor, libc::SIGCONT);
+            }
+            Fault::StorePause => {
+                let store = self.store.process().expect("a store process");
+                store.pause();
+                sleep(hold).await;
+                store.resume();
+            }
+            Fault::StoreRestart => {
+                let down = Duration::from_millis(rng.u64(..ttl.as_millis() as u64 / 2));
+                let store = self.store.process().expect("a store process");
+                store.kill9();
+                sleep(down).await;
+                store.restart().await;
+            }
+            Fault::Blackhole => {
+                let proxy = self.proxies[index].as_ref().expect("a proxy");
+                proxy.blackhole(true);
+                sleep(hold).await;
+                proxy.blackhole(false);
+            }
+            Fault::Latency => {
+                let ms = ttl.as_millis() as u64;
+                let delay = Duration::from_millis(ms / 20 + rng.u64(..ms * 3 / 20));
+                let proxy = self.proxies[index].as_ref().expect("a proxy");
+                proxy.set_latency(delay);
+                sleep(ttl).await;
+                proxy.set_latency(Duration::ZERO);
+            }
+            Fault::StderrStall => {
+                let candidate = self.candidates[index].as_ref().expect("the leader");
+                candidate.stalled.store(true, Ordering::SeqCst);
+                fill(&candidate.stderr);
+                signal(supervisor, libc::SIGUSR1);
+                sleep(Duration::from_millis(500 + rng.u64(..1000))).await;
+                candidate.stalled.store(false, Ordering::SeqCst);
+            }
+        }
+        let heal = mono_ns();
+        let bound = match fault {
+            Fault::Sigterm | Fault::StderrStall => {
+                HANDOFF_BOUND + Duration::from_nanos(heal - inject)
+            }
+            _ => Duration::from_nanos(heal - inject) + self.backend.failover_bound(),
+        };
+        (inject, heal, bound)
+    }
+
+    /// Stops every candidate with SIGTERM, records workers that outlive them all.
+    async fn shut_down(&mut self, errors: &mut Vec<String>) {
+        for index in 0..self.candidates.len() {
+            self.terminate(index, errors).await;
+        }
+        // A worker killed with its supervisor may take a moment to be reaped.
+        sleep(Duration::from_millis(check::ORPHAN_GRACE_MS)).await;
+        self.scan();
+        let leftover: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|s| !s.dead)
+            .map(|s| s.pid.to_string())
+            .collect();
+        let _ = std::fs::write(self.dir.join(check::LEFTOVER_FILE), leftover.join("\n"));
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for index in 0..self.candidates.len() {
+            self.kill9(index);
+        }
+        self.scan();
+        for seen in self.seen.iter().filter(|s| !s.dead) {
+            // Its process group: the worker, frozen or not.
+            signal(-seen.pid, libc::SIGKILL);
+        }
+        if let Some(store) = self.store.process()
+            && store.pid().is_some()
+        {
+            store.resume();
+        }
+    }
+}
+
+/// Fills the pipe behind `writer` from a thread: the write completes once the pipe is read
+/// again (or fails when it is closed).
+fn fill(writer: &std::io::PipeWriter) {
+    let Ok(mut writer) = writer.try_clone() else {
+        return;
+    };
+    // SAFETY: fcntl on a descriptor we own.
+    let capacity = unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_GETPIPE_SZ) };
+    let capacity = usize::try_from(capacity).unwrap_or(65_536);
+    std::thread::spawn(move || {
+        let _ = writer.write_all(&vec![b'.'; capacity]);
+    });
+}
+
+/// Sends `signal` to `pid` (a process group when negative). Only ever our own children and
+/// their workers.
+fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(pid, signal) };
+}
+
+/// A process's state letter from `/proc/<pid>/stat` (`R`, `S`, `T`, `Z`…), if it exists.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Whether `pid` is a live process (a zombie is not).
+fn alive(pid: i32) -> bool {
+    !matches!(proc_state(pid), None | Some('Z' | 'X'))
+}
+
+/// The time of the last complete `beat` line of a ledger.
+fn last_beat_ns(path: &Path) -> Option<u64> {
+    let mut file = File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(256))).ok()?;
+    let mut tail = String::new();
+    file.read_to_string(&mut tail).ok()?;
+    tail.split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .filter_map(|l| l.strip_prefix("beat "))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .next_back()
+}
