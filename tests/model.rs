@@ -21,14 +21,14 @@ const N: usize = 3;
 /// A bug planted in the model, to show that the checker catches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
-    /// The protocol as the code has it, with one fix the model called for: after a voluntary
-    /// end (resign, shutdown) the worker's grace is cut short at `confirmed + ttl - margin`,
-    /// like after an involuntary loss, `confirmed` being the send time of the newest renewal
-    /// confirmed meanwhile (the session is still renewed during the hand-off).
+    /// The protocol as the code has it. After a voluntary end (resign, shutdown) the work
+    /// must stop by `confirmed + ttl - margin` too, `confirmed` being the send time of the
+    /// newest renewal confirmed meanwhile (`Engine::wind_down`, `Term::must_stop`).
     Correct,
-    /// The code as it is: after a resign or a shutdown the worker gets its whole grace, and
-    /// the lock is released after it, even when renewals fail meanwhile and the lease expires
-    /// before the grace ends: the store hands the lock on while the old worker still runs.
+    /// The code before `Engine::wind_down`: after a resign or a shutdown the worker got its
+    /// whole grace, and the lock was released after it, even when renewals failed meanwhile
+    /// and the lease expired before the grace ended: the store handed the lock on while the old
+    /// worker still ran.
     UncappedGrace,
     /// The leader fences itself a whole ttl after its last confirmed renewal was sent, instead
     /// of `renew_deadline` after (the `sleep_until(deadline)` of `Engine::lead` with
@@ -334,9 +334,9 @@ impl Protocol {
         }
     }
 
-    /// After a voluntary end, whether the lease may expire now: the session is lost, or no
-    /// renewal sent in the last `ttl - margin` was confirmed (the fix; never for
-    /// `UncappedGrace`).
+    /// After a voluntary end, whether the work must stop now (`Engine::wind_down` halting the
+    /// term): the session is lost, or no renewal sent in the last `ttl - margin` was
+    /// confirmed. Never for `UncappedGrace`.
     fn lease_in_doubt(&self, c: &Cand) -> bool {
         self.variant != Variant::UncappedGrace
             && c.session
@@ -884,7 +884,7 @@ fn assert_caught(variant: Variant, property: &'static str) {
 }
 
 #[test]
-fn the_code_lets_a_resigned_worker_outlive_its_lease() {
+fn an_uncapped_grace_is_caught() {
     assert_caught(Variant::UncappedGrace, "no work overlaps another term");
 }
 
