@@ -320,6 +320,65 @@ async fn lock_delay_is_waited_out_by_waking_when_it_ends() {
     assert!(term.fencing_token() > first.fencing_token());
 }
 
+/// Two contenders of one session for one election (two campaigns of one `Election` share
+/// the pooled session): Consul would grant the second `?acquire=` too, so the second waits
+/// behind the first, and is woken when the first gives the lock up: released, or dropped
+/// while holding it (nothing changes in Consul then).
+#[tokio::test]
+async fn a_second_contender_of_one_session_waits_behind_the_first_and_is_woken_at_once() {
+    use incumbent::backend::{Attempt, Backend, Candidate, Contender, Session, SessionOptions};
+    let consul = ConsulDev::start().await;
+    let backend = backend(&consul.http_url(), Some(Duration::ZERO));
+    let options = SessionOptions {
+        ttl: TTL,
+        renew_interval: TTL / 3,
+        lock_delay: Some(Duration::ZERO),
+        name: "twins".into(),
+    };
+    let session = backend.open_session(&options).await.expect("session");
+    let who = Candidate {
+        id: "a".into(),
+        metadata: Default::default(),
+    };
+    let mut last = 0;
+    for released in [true, false] {
+        let mut first = session.contend("twins", &who).await.expect("contend");
+        let Attempt::Won { fencing_token } = first.acquire().await.expect("acquire") else {
+            panic!("the first contender is alone");
+        };
+        assert!(fencing_token > last);
+        let mut second = session.contend("twins", &who).await.expect("contend");
+        let attempt = second.acquire().await.expect("acquire");
+        assert!(
+            matches!(attempt, Attempt::Held { .. }),
+            "the second contender of the session must not win too: {attempt:?}"
+        );
+        let waiting = tokio::spawn(async move {
+            second.wait().await.expect("wait");
+            second
+        });
+        sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "the second contender waits");
+        if released {
+            first.release().await.expect("release");
+        }
+        drop(first);
+        let given_up = Instant::now();
+        let mut second = timeout(Duration::from_secs(2), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("still waiting (released: {released})"))
+            .expect("join");
+        println!("woken {:?} after the first gave up", given_up.elapsed());
+        let Attempt::Won { fencing_token } = second.acquire().await.expect("acquire") else {
+            panic!("the second contender wins once the first gave up");
+        };
+        assert!(fencing_token > last);
+        last = fencing_token;
+        second.release().await.expect("release");
+    }
+    session.close().await.expect("close");
+}
+
 #[tokio::test]
 async fn an_operator_destroying_the_session_demotes_with_session_expired() {
     let consul = ConsulDev::start().await;

@@ -602,6 +602,41 @@ async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
     assert!(!second.status().borrow().is_leader());
 }
 
+/// A contender dropped while its key is still in etcd (its release failed, say) leaves the
+/// key's name to the next contender of the lease: that one must not adopt the key, which led
+/// once, and lead again with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_left_behind_by_a_dropped_contender_never_leads_again_with_its_token() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let session = backend
+        .open_session(&session_options("left"))
+        .await
+        .expect("session");
+    let mut first = session
+        .contend("left", &candidate("a"))
+        .await
+        .expect("contend");
+    let Attempt::Won { fencing_token: old } = first.acquire().await.expect("acquire") else {
+        panic!("alone, the first contender wins");
+    };
+    drop(first); // no release: the key stays, bound to the live lease
+    let mut second = session
+        .contend("left", &candidate("a"))
+        .await
+        .expect("contend");
+    let Attempt::Won { fencing_token: new } = second.acquire().await.expect("acquire") else {
+        panic!("alone again, the second contender wins");
+    };
+    assert!(new > old, "a new term with token {new} after {old}");
+    let keys = candidates(&mut client, &backend, "left").await;
+    assert_eq!(keys.len(), 1, "the key left behind was replaced");
+    assert_eq!(token(&keys[0]), new);
+    second.release().await.expect("release");
+    session.close().await.expect("close");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_by_an_operator_demotes_with_session_expired() {
     let etcd = EtcdServer::single().await;

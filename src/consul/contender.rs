@@ -261,8 +261,15 @@ impl Contender for ConsulContender {
                 // Behind our own session's other contender, which holds or tries for the
                 // lock: only its unclaim lets us in, a local wake-up. The blocking read goes
                 // on meanwhile (it outlives this future), so that the key's state is known
-                // when the unclaim comes.
-                _ = unclaims.changed(), if behind => continue,
+                // when the unclaim comes; if no read came back since, one read at once (an
+                // unclaim without a release, by a contender dropped while holding the lock,
+                // changes nothing in Consul).
+                _ = unclaims.changed(), if behind => {
+                    if self.seen.is_none() {
+                        self.index = 0;
+                    }
+                    continue;
+                }
                 read = self.read_after_change(false) => read,
             };
             let read = match read {

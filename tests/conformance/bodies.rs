@@ -423,6 +423,8 @@ pub async fn a_loss_ends_the_term_before_the_store_is_asked_why<S: Store>() {
     let (backend, deaf) = store.connect_deaf_store().await;
     let mut leader = Local::start(election(backend.clone(), "a", ttl));
     let term = elected(&mut leader.events, ttl).await;
+    // Let the leader settle, so that its watch is in place before its requests are held.
+    sleep(Duration::from_millis(500)).await;
     deaf.cut();
     let reason = store.take_the_lock_away(&backend).await;
     let taken = Instant::now();
