@@ -349,7 +349,10 @@ impl<B: Backend> Election<B> {
         tokio::pin!(shutdown);
         let mut running: Option<Worker> = None;
         loop {
+            // Biased, so that a run is deterministic under a simulated clock: a term's end
+            // first, then the campaign's events, then the shutdown.
             tokio::select! {
+                biased;
                 news = worker_news(&mut running) => {
                     let Some(worker) = running.take() else { continue };
                     let outcome = match news {

@@ -1,5 +1,6 @@
 //! The behavioural tests, written once, generic over the store.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -491,4 +492,127 @@ pub async fn re_election_after_the_store_restarts<S: Store>() {
 async fn holder_now<B: Backend>(backend: &B, ttl: Duration) -> Option<Leader> {
     let mut observer = backend.observe(ELECTION).await.ok()?;
     timeout(ttl, observer.next()).await.ok()?.ok()?
+}
+
+/// Heartbeats of stubborn workers: `(fencing token, when)`.
+type Beats = Arc<Mutex<Vec<(u64, Instant)>>>;
+
+/// A worker that ignores its term's cancellation and beats every 10 ms until aborted.
+fn stubborn(
+    beats: Beats,
+) -> impl FnMut(Term) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send {
+    move |term: Term| {
+        let beats = beats.clone();
+        Box::pin(async move {
+            loop {
+                beats
+                    .lock()
+                    .unwrap()
+                    .push((term.fencing_token(), Instant::now()));
+                sleep(Duration::from_millis(10)).await;
+            }
+        })
+    }
+}
+
+pub async fn a_worker_ignoring_cancellation_is_stopped_before_another_leads<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let beats: Beats = Arc::default();
+    let (a_backend, partition) = store.connect_partitionable().await;
+    // A grace far beyond the ttl: the hard stop must come from the lease, not the grace.
+    let settings = |backend, id| {
+        Election::builder(backend, ELECTION)
+            .candidate(id)
+            .ttl(ttl)
+            .backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .grace(Duration::from_secs(60))
+            .build()
+            .expect("valid settings")
+    };
+    let a = settings(a_backend, "a");
+    let run_a = tokio::spawn({
+        let w = stubborn(beats.clone());
+        async move { a.run(w).await }
+    });
+    let deadline = Instant::now() + ttl * 3;
+    while beats.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "a never led");
+        sleep(Duration::from_millis(10)).await;
+    }
+    let a_token = beats.lock().unwrap()[0].0;
+    let b = settings(store.connect().await, "b");
+    let run_b = tokio::spawn({
+        let w = stubborn(beats.clone());
+        async move { b.run(w).await }
+    });
+    sleep(ttl / 2).await;
+    partition.cut();
+    let deadline = Instant::now() + ttl * 4;
+    let b_first = loop {
+        let first = beats
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(token, _)| *token != a_token)
+            .map(|(_, at)| *at);
+        if let Some(at) = first {
+            break at;
+        }
+        assert!(Instant::now() < deadline, "b never led");
+        sleep(Duration::from_millis(10)).await;
+    };
+    let a_last = beats
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(token, _)| *token == a_token)
+        .map(|(_, at)| *at)
+        .max()
+        .expect("a's beats");
+    assert!(
+        a_last < b_first,
+        "a's worker still ran {:?} after b's began",
+        a_last - b_first
+    );
+    partition.heal();
+    run_a.abort();
+    run_b.abort();
+}
+
+pub async fn the_status_stops_saying_leader_with_the_term<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = election(store.connect().await, "a", ttl).campaign();
+    let term = elected(&mut a, ttl * 3).await;
+    let guard = term.hold(); // the work winds down slowly: the hand-off waits for it
+    let status = a.status();
+    let snapshot = status.borrow().clone();
+    assert!(snapshot.is_leader());
+    let resigning = tokio::spawn({
+        let handle = a.handle();
+        async move { handle.resign().await }
+    });
+    term.cancelled().await;
+    assert!(
+        !snapshot.is_leader(),
+        "a snapshot stops saying leader with the term"
+    );
+    assert_eq!(snapshot.current_role(), incumbent::Role::SteppingDown);
+    sleep(Duration::from_millis(200)).await;
+    let now = status.borrow().clone();
+    assert!(!now.is_leader());
+    assert_eq!(
+        now.role,
+        incumbent::Role::SteppingDown,
+        "winding down, visibly"
+    );
+    assert!(!resigning.is_finished(), "the release waits for the guard");
+    drop(guard);
+    timeout(ttl * 2, resigning)
+        .await
+        .expect("resigned in time")
+        .expect("join")
+        .expect("resign");
+    a.shutdown().await.expect("shutdown");
 }

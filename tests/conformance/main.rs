@@ -35,6 +35,8 @@ conformance!(
         a_session_expired_while_waiting_never_leads,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
     ]
 );
 
@@ -47,6 +49,7 @@ conformance!(
         failover_after_the_leader_crashes,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        the_status_stops_saying_leader_with_the_term,
     ]
 );
 
@@ -64,6 +67,8 @@ conformance!(
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
         a_loss_ends_the_term_before_the_store_is_asked_why,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
     ]
 );
 
@@ -83,5 +88,7 @@ conformance!(
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
         a_loss_ends_the_term_before_the_store_is_asked_why,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
     ]
 );
