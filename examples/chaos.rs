@@ -10,15 +10,21 @@
 //! cargo run --release --example chaos --all-features -- --backend etcd --faults 50 --seed 7
 //! ```
 //!
-//! Options: `--backend file,etcd,consul` (default: all three, one after another),
+//! Options: `--backend file,etcd,etcd-cluster,consul` (default: all four, one after another),
+//! `--mode cli|library` (candidates as `incumbent run` processes, or as processes running a
+//! library campaign, `chaos candidate …`; default cli),
 //! `--faults N` per backend (default 20), `--seed S` (default 1), `--candidates N` (default
 //! 3), `--max-time SECS` per backend (default 1200), `--kinds a,b` (fault names, default all
 //! that apply), `--keep DIR` (keep the histories in DIR/<backend>/). `chaos check DIR` checks
 //! a kept history again. Servers (etcd, consul) are started on free loopback ports in temp
 //! dirs: install them with `scripts/install-test-deps`. Exit code 1 on any violation.
 //!
-//! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`.
+//! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`; in
+//! library mode each candidate is this program, as `chaos candidate URL ID TTL_MS LEDGER_DIR
+//! FENCE_DIR`.
 
+#[path = "chaos/candidate.rs"]
+mod candidate;
 #[path = "chaos/check.rs"]
 mod check;
 #[path = "chaos/run.rs"]
@@ -28,21 +34,26 @@ mod support;
 #[path = "chaos/worker.rs"]
 mod worker;
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use run::{Backend, Config, Fault};
 
-const USAGE: &str = "usage: chaos [--backend file,etcd,consul] [--faults N] [--seed S] \
-[--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] | chaos check DIR";
+const USAGE: &str = "usage: chaos [--backend file,etcd,etcd-cluster,consul] [--mode cli|library] \
+[--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
+| chaos check DIR";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("worker") if args.len() == 3 => {
             let code = worker::worker(Path::new(&args[1]), Path::new(&args[2]));
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+        Some("candidate") if args.len() == 6 => {
+            let (ledger, fence) = (Path::new(&args[4]), Path::new(&args[5]));
+            let code = candidate::candidate(&args[1], &args[2], &args[3], ledger, fence);
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Some("check") if args.len() == 2 => recheck(Path::new(&args[1])),
@@ -89,8 +100,9 @@ fn options(args: &[String]) -> Result<Vec<Config>, String> {
         max_time: Duration::from_secs(1200),
         kinds: Vec::new(),
         in_turn: false,
+        library: false,
         incumbent: PathBuf::new(),
-        worker: Vec::new(),
+        this: PathBuf::new(),
         keep: None,
     };
     let mut rest = args.iter();
@@ -129,12 +141,18 @@ fn options(args: &[String]) -> Result<Vec<Config>, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--keep" => config.keep = Some(PathBuf::from(value)),
+            "--mode" => {
+                config.library = match value.as_str() {
+                    "cli" => false,
+                    "library" => true,
+                    _ => return Err(format!("--mode {value}: cli or library")),
+                };
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
     config.incumbent = incumbent_binary()?;
-    let me = std::env::current_exe().map_err(|e| format!("where am I: {e}"))?;
-    config.worker = vec![me.into_os_string(), OsString::from("worker")];
+    config.this = std::env::current_exe().map_err(|e| format!("where am I: {e}"))?;
     Ok(backends
         .into_iter()
         .map(|backend| Config {
@@ -159,14 +177,14 @@ fn run_all(configs: &[Config], args: &[String]) -> ExitCode {
     for config in configs {
         eprintln!(
             "chaos: {}: {} faults, seed {}, {} candidates…",
-            config.backend.name(),
+            config.label(),
             config.faults,
             config.seed,
             config.candidates
         );
         let outcome = runtime.block_on(run::run(config));
-        let name = config.backend.name();
-        table.push_str(&check::table_rows(name, &outcome.verdict));
+        let name = config.label();
+        table.push_str(&check::table_rows(&name, &outcome.verdict));
         eprintln!(
             "chaos: {}: {} faults in {:.0} s, {} violation(s){}",
             name,
@@ -176,7 +194,7 @@ fn run_all(configs: &[Config], args: &[String]) -> ExitCode {
             config
                 .keep
                 .as_ref()
-                .map(|d| format!(", history in {}", d.join(name).display()))
+                .map(|d| format!(", history in {}", d.join(name.replace(' ', "-")).display()))
                 .unwrap_or_default()
         );
         for note in &outcome.verdict.notes {

@@ -1,10 +1,15 @@
 //! A short, seeded run of the safety checker (`examples/chaos.rs`, RELIABILITY.md) on the
-//! file backend, etcd and Consul: a few faults each, and any violation fails the test.
+//! file backend, etcd (one member and a three-member cluster) and Consul with `incumbent run`
+//! candidates, and on file and etcd with library candidates: a few faults each; any violation
+//! fails the test.
 //!
 //! It shares the checker's code with the example; this binary is also the worker that the
-//! candidates run (`chaos_smoke worker LEDGER_DIR FENCE_DIR`), hence `harness = false`.
+//! candidates run (`chaos_smoke worker LEDGER_DIR FENCE_DIR`), and the library-mode candidate
+//! (`chaos_smoke candidate …`), hence `harness = false`.
 //! Needs the `etcd` and `consul` binaries (`scripts/install-test-deps`); a missing one fails.
 
+#[path = "../examples/chaos/candidate.rs"]
+mod candidate;
 #[path = "../examples/chaos/check.rs"]
 mod check;
 #[path = "../examples/chaos/run.rs"]
@@ -13,7 +18,6 @@ mod support;
 #[path = "../examples/chaos/worker.rs"]
 mod worker;
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -23,32 +27,61 @@ use run::{Backend, Config, Fault};
 /// The seed of every smoke run.
 const SEED: u64 = 11;
 
-/// The faults each backend gets, in this order: those that end quickly on each store.
-fn plan(backend: Backend) -> Vec<Fault> {
-    match backend {
-        Backend::File => vec![
-            Fault::Kill9,
-            Fault::FreezeSupervisor,
-            Fault::Sigterm,
-            Fault::FreezeGroup,
-            Fault::StderrStall,
-        ],
-        Backend::Etcd => vec![
-            Fault::Kill9,
-            Fault::FreezeSupervisor,
-            Fault::Blackhole,
-            Fault::StoreRestart,
-            Fault::StderrStall,
-        ],
+/// Each run: the backend, whether candidates are library campaigns (else `incumbent run`),
+/// and the faults it gets, in this order: those that end quickly on each store.
+fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
+    vec![
+        (
+            Backend::File,
+            false,
+            vec![
+                Fault::Kill9,
+                Fault::FreezeSupervisor,
+                Fault::Sigterm,
+                Fault::FreezeGroup,
+                Fault::StderrStall,
+            ],
+        ),
+        (
+            Backend::Etcd,
+            false,
+            vec![
+                Fault::Kill9,
+                Fault::FreezeSupervisor,
+                Fault::Blackhole,
+                Fault::StoreRestart,
+                Fault::StderrStall,
+            ],
+        ),
+        (
+            Backend::EtcdCluster,
+            false,
+            vec![Fault::MemberLoss, Fault::Kill9],
+        ),
         // Consul's ttl is 10 s, so only one fault that waits for it.
-        Backend::Consul => vec![Fault::Sigterm, Fault::StderrStall, Fault::Kill9],
-    }
+        (
+            Backend::Consul,
+            false,
+            vec![Fault::Sigterm, Fault::StderrStall, Fault::Kill9],
+        ),
+        (
+            Backend::File,
+            true,
+            vec![Fault::Kill9, Fault::FreezeGroup, Fault::Sigterm],
+        ),
+        (Backend::Etcd, true, vec![Fault::Blackhole, Fault::Sigterm]),
+    ]
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("worker") && args.len() == 3 {
         let code = worker::worker(Path::new(&args[1]), Path::new(&args[2]));
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    if args.first().map(String::as_str) == Some("candidate") && args.len() == 6 {
+        let (ledger, fence) = (Path::new(&args[4]), Path::new(&args[5]));
+        let code = candidate::candidate(&args[1], &args[2], &args[3], ledger, fence);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     if args.iter().any(|a| a == "--list") {
@@ -63,8 +96,16 @@ fn main() -> ExitCode {
         .expect("start the async runtime");
     let mut table = String::from(check::TABLE_HEADER);
     let mut failed = false;
+    let plan = plan();
+    // Every backend the checker knows gets its smoke.
     for backend in Backend::ALL {
-        let kinds = plan(backend);
+        assert!(
+            plan.iter().any(|(b, _, _)| *b == backend),
+            "no smoke run planned for {}",
+            backend.name()
+        );
+    }
+    for (backend, library, kinds) in plan {
         let config = Config {
             backend,
             candidates: 3,
@@ -73,31 +114,25 @@ fn main() -> ExitCode {
             max_time: Duration::from_secs(90),
             kinds,
             in_turn: true,
+            library,
             incumbent: PathBuf::from(env!("CARGO_BIN_EXE_incumbent")),
-            worker: vec![me.clone().into_os_string(), OsString::from("worker")],
+            this: me.clone(),
             keep: None,
         };
+        let name = config.label();
         let outcome = runtime.block_on(run::run(&config));
-        table.push_str(&check::table_rows(backend.name(), &outcome.verdict));
-        eprintln!(
-            "chaos_smoke: {}: {} faults in {:.1} s",
-            backend.name(),
-            outcome.injected,
-            outcome.elapsed.as_secs_f64()
-        );
-        if outcome.injected < config.faults {
-            eprintln!(
-                "chaos_smoke: {}: only {} faults ran",
-                backend.name(),
-                outcome.injected
-            );
+        table.push_str(&check::table_rows(&name, &outcome.verdict));
+        let (injected, took) = (outcome.injected, outcome.elapsed.as_secs_f64());
+        eprintln!("chaos_smoke: {name}: {injected} faults in {took:.1} s");
+        if injected < config.faults {
+            eprintln!("chaos_smoke: {name}: only {injected} faults ran");
             failed = true;
         }
         for note in &outcome.verdict.notes {
             eprintln!("note: {note}");
         }
         for violation in &outcome.verdict.violations {
-            eprintln!("VIOLATION ({}): {violation}", backend.name());
+            eprintln!("VIOLATION ({name}): {violation}");
             failed = true;
         }
     }

@@ -3,7 +3,6 @@
 //! for exactly one running leader within the promised bound, and records everything it did
 //! next to the workers' ledgers. The checker ([`crate::check`]) judges the history afterwards.
 
-use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
@@ -20,11 +19,11 @@ use tokio::time::sleep;
 use crate::check::{self, Death, FaultRecord, History, Verdict};
 use crate::support::bin::find_binary;
 use crate::support::net::{free_addr, free_port};
-use crate::support::{EtcdServer, Probe, Proxy, ServerProcess};
+use crate::support::{EtcdCluster, EtcdServer, Probe, Proxy, ServerProcess};
 use crate::worker::mono_ns;
 
 /// The election every candidate runs for.
-const ELECTION: &str = "chaos/worker";
+pub const ELECTION: &str = "chaos/worker";
 
 /// How long the first leader may take, servers started.
 const FIRST_LEADER: Duration = Duration::from_secs(60);
@@ -47,16 +46,24 @@ const HANDOFF_BOUND: Duration = Duration::from_secs(2);
 pub enum Backend {
     File,
     Etcd,
+    /// A three-member etcd cluster, every candidate connected to all three members.
+    EtcdCluster,
     Consul,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 3] = [Backend::File, Backend::Etcd, Backend::Consul];
+    pub const ALL: [Backend; 4] = [
+        Backend::File,
+        Backend::Etcd,
+        Backend::EtcdCluster,
+        Backend::Consul,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::File => "file",
             Backend::Etcd => "etcd",
+            Backend::EtcdCluster => "etcd-cluster",
             Backend::Consul => "consul",
         }
     }
@@ -65,7 +72,7 @@ impl Backend {
     pub fn ttl(self) -> Duration {
         match self {
             Backend::File => Duration::from_secs(1),
-            Backend::Etcd => Duration::from_secs(2),
+            Backend::Etcd | Backend::EtcdCluster => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -77,14 +84,15 @@ impl Backend {
     pub fn failover_bound(self) -> Duration {
         match self {
             Backend::File => Duration::from_secs(1),
-            Backend::Etcd => self.ttl() + Duration::from_secs(2),
+            Backend::Etcd | Backend::EtcdCluster => self.ttl() + Duration::from_secs(2),
             Backend::Consul => self.ttl() * 2 + Duration::from_secs(5),
         }
     }
 
-    /// The faults that apply to this backend.
-    pub fn faults(self) -> Vec<Fault> {
-        match self {
+    /// The faults that apply to this backend; in library mode, the supervisor is the
+    /// worker's own process, and it does not resign on SIGUSR1.
+    pub fn faults(self, library: bool) -> Vec<Fault> {
+        let mut faults = match self {
             Backend::File => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -92,8 +100,20 @@ impl Backend {
                 Fault::FreezeSupervisor,
                 Fault::StderrStall,
             ],
-            Backend::Etcd | Backend::Consul => Fault::ALL.to_vec(),
+            Backend::Etcd | Backend::Consul => Fault::ALL[..9].to_vec(),
+            Backend::EtcdCluster => vec![
+                Fault::Kill9,
+                Fault::Sigterm,
+                Fault::FreezeGroup,
+                Fault::FreezeSupervisor,
+                Fault::StderrStall,
+                Fault::MemberLoss,
+            ],
+        };
+        if library {
+            faults.retain(|f| !matches!(f, Fault::FreezeSupervisor | Fault::StderrStall));
         }
+        faults
     }
 }
 
@@ -119,10 +139,12 @@ pub enum Fault {
     Latency,
     /// Stop reading the leader's stderr, fill the pipe, make it resign (SIGUSR1), read again.
     StderrStall,
+    /// SIGKILL the etcd cluster's raft leader member for longer than the ttl, then restart it.
+    MemberLoss,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 10] = [
         Fault::Kill9,
         Fault::Sigterm,
         Fault::FreezeGroup,
@@ -132,6 +154,7 @@ impl Fault {
         Fault::Blackhole,
         Fault::Latency,
         Fault::StderrStall,
+        Fault::MemberLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -145,6 +168,7 @@ impl Fault {
             Fault::Blackhole => "blackhole-link",
             Fault::Latency => "latency-link",
             Fault::StderrStall => "stalled-stderr-resign",
+            Fault::MemberLoss => "kill9-etcd-leader-member",
         }
     }
 }
@@ -165,13 +189,26 @@ pub struct Config {
     pub kinds: Vec<Fault>,
     /// Take `kinds` in turn instead of drawing them.
     pub in_turn: bool,
+    /// Candidates are library campaigns (`THIS candidate …`) instead of `incumbent run`.
+    pub library: bool,
     /// The `incumbent` binary.
     pub incumbent: PathBuf,
-    /// The worker command: a program and its first arguments; the ledger and fence
-    /// directories are appended.
-    pub worker: Vec<OsString>,
+    /// The program that runs `THIS worker LEDGER FENCE` and `THIS candidate URL ID TTL_MS
+    /// LEDGER FENCE`: the checker itself.
+    pub this: PathBuf,
     /// Keep the history here instead of in a temp dir that is removed.
     pub keep: Option<PathBuf>,
+}
+
+impl Config {
+    /// The backend's name, and the mode in library mode: `etcd`, `etcd library`.
+    pub fn label(&self) -> String {
+        if self.library {
+            format!("{} library", self.backend.name())
+        } else {
+            self.backend.name().to_owned()
+        }
+    }
 }
 
 /// The outcome of one backend's run.
@@ -191,7 +228,7 @@ pub async fn run(config: &Config) -> Outcome {
         .expect("create a temp dir");
     let dir = match &config.keep {
         Some(dir) => {
-            let dir = dir.join(config.backend.name());
+            let dir = dir.join(config.label().replace(' ', "-"));
             std::fs::create_dir_all(&dir).expect("create the history dir");
             dir
         }
@@ -218,6 +255,7 @@ pub async fn run(config: &Config) -> Outcome {
 enum Store {
     File,
     Etcd(EtcdServer),
+    Cluster(EtcdCluster),
     Consul(ConsulServer),
 }
 
@@ -226,13 +264,15 @@ impl Store {
         match backend {
             Backend::File => Store::File,
             Backend::Etcd => Store::Etcd(EtcdServer::single().await),
+            Backend::EtcdCluster => Store::Cluster(EtcdCluster::three().await),
             Backend::Consul => Store::Consul(ConsulServer::start().await),
         }
     }
 
     fn client_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
-            Store::File => None,
+            // Candidates reach the cluster's three members directly.
+            Store::File | Store::Cluster(_) => None,
             Store::Etcd(etcd) => Some(etcd.client_addr()),
             Store::Consul(consul) => Some(consul.http),
         }
@@ -240,7 +280,7 @@ impl Store {
 
     fn process(&mut self) -> Option<&mut ServerProcess> {
         match self {
-            Store::File => None,
+            Store::File | Store::Cluster(_) => None,
             Store::Etcd(etcd) => Some(etcd.process()),
             Store::Consul(consul) => Some(&mut consul.process),
         }
@@ -379,6 +419,11 @@ impl World {
     fn url(&self, index: usize) -> String {
         match (&self.store, &self.proxies[index]) {
             (Store::File, _) => format!("file://{}", self.dir.join("locks").display()),
+            (Store::Cluster(cluster), _) => {
+                let members: Vec<String> =
+                    (0..3).map(|i| cluster.client_addr(i).to_string()).collect();
+                format!("etcd://{}", members.join(","))
+            }
             (Store::Etcd(_), Some(proxy)) => format!("etcd://{}", proxy.addr()),
             (Store::Consul(_), Some(proxy)) => format!("consul://{}", proxy.addr()),
             (_, None) => unreachable!("store backends have a proxy per candidate"),
@@ -389,18 +434,30 @@ impl World {
         self.generations[index] += 1;
         let generation = self.generations[index];
         let (mut reader, writer) = std::io::pipe().expect("a pipe for stderr");
-        let ttl = format!("{}ms", self.backend.ttl().as_millis());
-        let mut command = Command::new(&self.config.incumbent);
-        command
-            .args(["run", "--backend", &self.url(index), "--election", ELECTION])
-            .args(["--id", &format!("c{index}-{generation}"), "--ttl", &ttl])
-            .args(["--grace", "1s"]);
-        if self.backend == Backend::Consul {
-            command.args(["--lock-delay", "0s"]);
+        let ttl_ms = self.backend.ttl().as_millis().to_string();
+        let id = format!("c{index}-{generation}");
+        let mut command;
+        if self.config.library {
+            command = Command::new(&self.config.this);
+            command.args(["candidate", &self.url(index), &id, &ttl_ms]);
+        } else {
+            command = Command::new(&self.config.incumbent);
+            command
+                .args(["run", "--backend", &self.url(index), "--election", ELECTION])
+                .args([
+                    "--id",
+                    &id,
+                    "--ttl",
+                    &format!("{ttl_ms}ms"),
+                    "--grace",
+                    "1s",
+                ]);
+            if self.backend == Backend::Consul {
+                command.args(["--lock-delay", "0s"]);
+            }
+            command.arg("--").arg(&self.config.this).arg("worker");
         }
         command
-            .arg("--")
-            .args(&self.config.worker)
             .arg(&self.ledger)
             .arg(&self.fence)
             .env_remove("RUST_LOG")
@@ -420,7 +477,7 @@ impl World {
         }
         let child = command
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.config.incumbent.display()));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", command.get_program().display()));
         let stalled = Arc::new(AtomicBool::new(false));
         let log_path = self.dir.join(format!("candidate-{index}.log"));
         let mut log = OpenOptions::new()
@@ -474,7 +531,7 @@ impl World {
             }
         }
         for seen in self.seen.iter_mut().filter(|s| !s.dead) {
-            seen.dead = !alive(seen.pid);
+            seen.dead = !alive(seen.pid) || ended(&seen.path);
         }
     }
 
@@ -573,7 +630,7 @@ impl World {
     /// Runs the faults; returns how many were injected.
     async fn fault_loop(&mut self, config: &Config, errors: &mut Vec<String>) -> usize {
         let mut rng = fastrand::Rng::with_seed(config.seed);
-        let applicable = self.backend.faults();
+        let applicable = self.backend.faults(config.library);
         let kinds: Vec<Fault> = if config.kinds.is_empty() {
             applicable
         } else {
@@ -667,10 +724,16 @@ impl World {
                 self.spawn(index);
             }
             Fault::FreezeGroup => {
+                // In library mode the worker is a task of the supervisor's process.
+                let separate = leader.pid != supervisor;
                 signal(supervisor, libc::SIGSTOP);
-                signal(-leader.pid, libc::SIGSTOP);
+                if separate {
+                    signal(-leader.pid, libc::SIGSTOP);
+                }
                 sleep(hold).await;
-                signal(-leader.pid, libc::SIGCONT);
+                if separate {
+                    signal(-leader.pid, libc::SIGCONT);
+                }
                 signal(supervisor, libc::SIGCONT);
             }
             Fault::FreezeSupervisor => {
@@ -696,6 +759,15 @@ impl World {
                 proxy.blackhole(true);
                 sleep(hold).await;
                 proxy.blackhole(false);
+            }
+            Fault::MemberLoss => {
+                let Store::Cluster(cluster) = &mut self.store else {
+                    unreachable!("member loss is for the cluster only");
+                };
+                let member = raft_leader(cluster).await.unwrap_or_else(|| rng.usize(..3));
+                cluster.member(member).kill9();
+                sleep(hold).await;
+                cluster.member(member).restart().await;
             }
             Fault::Latency => {
                 let ms = ttl.as_millis() as u64;
@@ -792,16 +864,43 @@ fn alive(pid: i32) -> bool {
     !matches!(proc_state(pid), None | Some('Z' | 'X'))
 }
 
-/// The time of the last complete `beat` line of a ledger.
-fn last_beat_ns(path: &Path) -> Option<u64> {
+/// The last bytes of a ledger.
+fn tail(path: &Path) -> Option<String> {
     let mut file = File::open(path).ok()?;
     let len = file.metadata().ok()?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(256))).ok()?;
-    let mut tail = String::new();
-    file.read_to_string(&mut tail).ok()?;
-    tail.split_inclusive('\n')
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail).ok()?;
+    Some(String::from_utf8_lossy(&tail).into_owned())
+}
+
+/// Whether a ledger's term has ended (its `stop` line is written).
+fn ended(path: &Path) -> bool {
+    tail(path).is_some_and(|t| t.contains("\nstop ") || t.starts_with("stop "))
+}
+
+/// The time of the last complete `beat` line of a ledger.
+fn last_beat_ns(path: &Path) -> Option<u64> {
+    tail(path)?
+        .split_inclusive('\n')
         .filter(|l| l.ends_with('\n'))
         .filter_map(|l| l.strip_prefix("beat "))
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .next_back()
+}
+
+/// The index of the cluster's raft leader, from each member's `etcd_server_is_leader` metric.
+async fn raft_leader(cluster: &EtcdCluster) -> Option<usize> {
+    for index in 0..3 {
+        let addr = cluster.client_addr(index);
+        if let Ok(response) = crate::support::http::get(addr, "/metrics").await
+            && response
+                .body
+                .lines()
+                .any(|l| l.trim() == "etcd_server_is_leader 1")
+        {
+            return Some(index);
+        }
+    }
+    None
 }
