@@ -12,6 +12,7 @@ use incumbent::{
 use tokio::time::{Instant, sleep, timeout};
 
 mod support;
+use support::beats::{Beats, first_token, last_beat, stubborn};
 use support::events::{demoted, elected, elected_within};
 
 const TTL: Duration = Duration::from_secs(3);
@@ -684,60 +685,44 @@ async fn resign_and_shutdown_after_stop_are_handled() {
         .expect("a second shutdown returns at once");
 }
 
-/// A worker that ignores cancellation and records when it last ran: `(token, last beat)`.
-fn stubborn_worker(
-    beats: Arc<Mutex<Vec<(u64, Instant)>>>,
-) -> impl FnMut(Term) -> futures_util::future::BoxFuture<'static, ()> {
-    move |term: Term| {
-        let beats = beats.clone();
-        Box::pin(async move {
-            loop {
-                beats
-                    .lock()
-                    .unwrap()
-                    .push((term.fencing_token(), Instant::now()));
-                sleep(Duration::from_millis(10)).await;
-            }
-        })
-    }
+/// An election whose grace is far longer than the ttl: a hard stop must not wait for it.
+fn patient(backend: &MemoryBackend, id: &str) -> Election<MemoryBackend> {
+    Election::builder(backend.clone(), NAME)
+        .candidate(id)
+        .ttl(TTL)
+        .grace(Duration::from_secs(30))
+        .build()
+        .expect("valid settings")
+}
+
+/// Asserts that A's stubborn worker (`a_token`) beat for the last time before B's term began.
+fn assert_stopped_before(beats: &Beats, a_token: u64, b_started: Instant) {
+    let last = last_beat(beats, a_token).expect("A's beats");
+    assert!(
+        last < b_started,
+        "A's stubborn worker ran until {last:?}, after B started at {b_started:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_ignores_cancellation_is_aborted_before_the_lease_can_expire() {
     let store = MemoryBackend::new();
     let (a_client, b_client) = (store.client(), store.client());
-    // A grace far longer than the ttl: the hard stop must not wait for it.
-    let a = Election::builder(a_client.clone(), NAME)
-        .candidate("a")
-        .ttl(TTL)
-        .grace(Duration::from_secs(30))
-        .build()
-        .expect("valid settings");
-    let beats: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let a = patient(&a_client, "a");
+    let beats: Beats = Arc::default();
     let run_a = tokio::spawn({
-        let w = stubborn_worker(beats.clone());
+        let w = stubborn(beats.clone());
         async move { a.run(w).await }
     });
     sleep(Duration::from_millis(100)).await;
     let mut b = election(&b_client, "b").campaign();
     sleep(Duration::from_millis(100)).await;
-    let a_token = beats.lock().unwrap().first().expect("A's worker ran").0;
+    let a_token = first_token(&beats).expect("A's worker ran");
 
     a_client.set_reachability(Reachability::Hanging);
     let b_term = elected(&mut b, TTL * 3).await;
     let b_started = Instant::now();
-    let last_a_beat = beats
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(token, _)| *token == a_token)
-        .map(|(_, at)| *at)
-        .max()
-        .expect("beats");
-    assert!(
-        last_a_beat < b_started,
-        "A's stubborn worker ran until {last_a_beat:?}, after B started at {b_started:?}"
-    );
+    assert_stopped_before(&beats, a_token, b_started);
     assert!(b_term.fencing_token() > a_token);
     run_a.abort();
 }
@@ -819,16 +804,11 @@ async fn the_status_stops_saying_leader_the_instant_the_term_ends() {
 async fn a_worker_winding_down_after_a_shutdown_is_stopped_if_the_lease_would_lapse() {
     let store = MemoryBackend::new();
     let (a_client, b_client) = (store.client(), store.client());
-    let a = Election::builder(a_client.clone(), NAME)
-        .candidate("a")
-        .ttl(TTL)
-        .grace(Duration::from_secs(30)) // a voluntary end keeps the lock for this long at most
-        .build()
-        .expect("valid settings");
-    let beats: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let a = patient(&a_client, "a"); // a voluntary end keeps the lock for the grace at most
+    let beats: Beats = Arc::default();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run_a = tokio::spawn({
-        let w = stubborn_worker(beats.clone());
+        let w = stubborn(beats.clone());
         async move {
             a.run_until(w, async {
                 let _ = stopped.await;
@@ -839,7 +819,7 @@ async fn a_worker_winding_down_after_a_shutdown_is_stopped_if_the_lease_would_la
     sleep(Duration::from_millis(100)).await;
     let mut b = election(&b_client, "b").campaign();
     sleep(Duration::from_millis(100)).await;
-    let a_token = beats.lock().unwrap().first().expect("A's worker ran").0;
+    let a_token = first_token(&beats).expect("A's worker ran");
 
     // A shuts down (a voluntary end: its worker gets the grace), and loses the store at once:
     // its lease lapses long before the grace ends, and B takes over.
@@ -847,18 +827,7 @@ async fn a_worker_winding_down_after_a_shutdown_is_stopped_if_the_lease_would_la
     a_client.set_reachability(Reachability::Hanging);
     let b_term = elected(&mut b, TTL * 3).await;
     let b_started = Instant::now();
-    let last_a_beat = beats
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(token, _)| *token == a_token)
-        .map(|(_, at)| *at)
-        .max()
-        .expect("beats");
-    assert!(
-        last_a_beat < b_started,
-        "A's worker ran until {last_a_beat:?}, after B started at {b_started:?}"
-    );
+    assert_stopped_before(&beats, a_token, b_started);
     assert!(b_term.fencing_token() > a_token);
     a_client.set_reachability(Reachability::Reachable);
     timeout(TTL * 3, run_a)

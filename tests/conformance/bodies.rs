@@ -1,6 +1,5 @@
 //! The behavioural tests, written once, generic over the store.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::stores::Store;
+use crate::support::beats::{Beats, first_beat_of_another, first_token, last_beat, stubborn};
 use crate::support::events::{demoted, elected};
 
 pub const ELECTION: &str = "conformance/leader";
@@ -494,27 +494,6 @@ async fn holder_now<B: Backend>(backend: &B, ttl: Duration) -> Option<Leader> {
     timeout(ttl, observer.next()).await.ok()?.ok()?
 }
 
-/// Heartbeats of stubborn workers: `(fencing token, when)`.
-type Beats = Arc<Mutex<Vec<(u64, Instant)>>>;
-
-/// A worker that ignores its term's cancellation and beats every 10 ms until aborted.
-fn stubborn(
-    beats: Beats,
-) -> impl FnMut(Term) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send {
-    move |term: Term| {
-        let beats = beats.clone();
-        Box::pin(async move {
-            loop {
-                beats
-                    .lock()
-                    .unwrap()
-                    .push((term.fencing_token(), Instant::now()));
-                sleep(Duration::from_millis(10)).await;
-            }
-        })
-    }
-}
-
 pub async fn a_worker_ignoring_cancellation_is_stopped_before_another_leads<S: Store>() {
     let (store, _server) = S::start().await;
     let ttl = store.ttl();
@@ -536,11 +515,11 @@ pub async fn a_worker_ignoring_cancellation_is_stopped_before_another_leads<S: S
         async move { a.run(w).await }
     });
     let deadline = Instant::now() + ttl * 3;
-    while beats.lock().unwrap().is_empty() {
+    while first_token(&beats).is_none() {
         assert!(Instant::now() < deadline, "a never led");
         sleep(Duration::from_millis(10)).await;
     }
-    let a_token = beats.lock().unwrap()[0].0;
+    let a_token = first_token(&beats).expect("a led");
     let b = settings(store.connect().await, "b");
     let run_b = tokio::spawn({
         let w = stubborn(beats.clone());
@@ -550,26 +529,13 @@ pub async fn a_worker_ignoring_cancellation_is_stopped_before_another_leads<S: S
     partition.cut();
     let deadline = Instant::now() + ttl * 4;
     let b_first = loop {
-        let first = beats
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|(token, _)| *token != a_token)
-            .map(|(_, at)| *at);
-        if let Some(at) = first {
+        if let Some(at) = first_beat_of_another(&beats, a_token) {
             break at;
         }
         assert!(Instant::now() < deadline, "b never led");
         sleep(Duration::from_millis(10)).await;
     };
-    let a_last = beats
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(token, _)| *token == a_token)
-        .map(|(_, at)| *at)
-        .max()
-        .expect("a's beats");
+    let a_last = last_beat(&beats, a_token).expect("a's beats");
     assert!(
         a_last < b_first,
         "a's worker still ran {:?} after b's began",

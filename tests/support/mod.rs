@@ -10,6 +10,7 @@
 // Each test file uses only part of this module.
 #![allow(dead_code)]
 
+pub mod beats;
 pub mod bin;
 pub mod consul;
 pub mod etcd;
