@@ -255,7 +255,7 @@ pub(crate) fn spawn<B: Backend>(
         quick_losses: 0,
         last_token: None,
         shutdown_waiters: Vec::new(),
-        leaderless_since: Instant::now(),
+        leaderless_since: Some(Instant::now()),
     };
     tokio::spawn(engine.run().instrument(span));
     Campaign { events, handle }
@@ -278,8 +278,10 @@ struct Engine<B: Backend> {
     /// The token of our last term: a new term must have a greater one.
     last_token: Option<FencingToken>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
-    /// Since when this candidate has been trying to lead, for `time_to_leader`.
-    leaderless_since: Instant,
+    /// Since when this candidate has seen the election without a leader (from its start,
+    /// the leader's key going, a lock-delay, or its own loss), for `time_to_leader`; `None`
+    /// while it sees another candidate lead.
+    leaderless_since: Option<Instant>,
 }
 
 impl<B: Backend> Drop for Engine<B> {
@@ -330,6 +332,8 @@ enum Interrupt {
 impl<B: Backend> Engine<B> {
     async fn run(mut self) {
         tracing::info!("campaign started");
+        // Exported from the start: a follower that never led says 0, not nothing.
+        ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
         let mut session: Option<B::Session> = None;
         loop {
             let current = match session.take() {
@@ -524,6 +528,7 @@ impl<B: Backend> Engine<B> {
                 Ok(Attempt::Delayed { until }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
                         .increment(1);
+                    self.leaderless_since.get_or_insert_with(Instant::now);
                     tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
                     self.wait_until(until, &mut health).await
                 }
@@ -560,7 +565,12 @@ impl<B: Backend> Engine<B> {
                 () = lost(health) => return Some(Interrupt::SessionLost),
                 waited = contender.wait() => {
                     return match waited {
-                        Ok(()) => None,
+                        Ok(()) => {
+                            // The holder (or our predecessor) may be gone: the election may
+                            // be without a leader from now until someone wins.
+                            self.leaderless_since.get_or_insert_with(Instant::now);
+                            None
+                        }
                         Err(error) => {
                             let delay = self.failed(&error);
                             self.wait_until(Instant::now() + delay, health).await
@@ -606,8 +616,12 @@ impl<B: Backend> Engine<B> {
         self.recovered();
         ::metrics::counter!(metrics::ELECTIONS_WON, self.labels_base()).increment(1);
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(1.0);
+        let leaderless = self
+            .leaderless_since
+            .take()
+            .map_or(Duration::ZERO, |at| at.elapsed());
         ::metrics::histogram!(metrics::TIME_TO_LEADER, self.labels_base())
-            .record(self.leaderless_since.elapsed().as_secs_f64());
+            .record(leaderless.as_secs_f64());
         self.status.send_modify(|s| {
             s.role = Role::Leader;
             s.term = Some(term.clone());
@@ -666,7 +680,7 @@ impl<B: Backend> Engine<B> {
             s.renew_deadline_at = None;
         });
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
-        self.leaderless_since = Instant::now();
+        self.leaderless_since = Some(Instant::now());
 
         // Only now ask the store why the lock went, if the backend can tell more.
         let reason = match lock_loss {
@@ -868,6 +882,13 @@ impl<B: Backend> Engine<B> {
     }
 
     fn saw_leader(&mut self, leader: Option<Leader>) {
+        match &leader {
+            Some(l) if l.candidate.id != self.config.candidate.id => self.leaderless_since = None,
+            Some(_) => {}
+            None => {
+                self.leaderless_since.get_or_insert_with(Instant::now);
+            }
+        }
         if self.seen_leader.as_ref() == Some(&leader) {
             return;
         }
@@ -881,11 +902,17 @@ impl<B: Backend> Engine<B> {
             .send(&LeadershipEvent::LeaderChanged(leader.map(Arc::new)));
     }
 
+    /// `election`, and `candidate` where the election asked for it (candidate ids often
+    /// hold a pid: a series per restart).
     fn labels_base(&self) -> Vec<::metrics::Label> {
-        vec![
-            ::metrics::Label::new("election", self.config.name.clone()),
-            ::metrics::Label::new("candidate", self.config.candidate.id.clone()),
-        ]
+        let mut labels = vec![::metrics::Label::new("election", self.config.name.clone())];
+        if self.config.candidate_label {
+            labels.push(::metrics::Label::new(
+                "candidate",
+                self.config.candidate.id.clone(),
+            ));
+        }
+        labels
     }
 
     fn labels_base_with(&self, key: &'static str, value: &'static str) -> Vec<::metrics::Label> {

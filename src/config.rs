@@ -88,6 +88,8 @@ pub struct Config {
     pub backoff: Backoff,
     /// How long a cancelled term's holders get before the lock is released anyway.
     pub grace: Duration,
+    /// Whether metrics carry a `candidate` label besides `election`.
+    pub candidate_label: bool,
 }
 
 impl Config {
@@ -113,6 +115,7 @@ pub(crate) struct Draft {
     pub lock_delay: Option<Duration>,
     pub backoff: Backoff,
     pub grace: Option<Duration>,
+    pub candidate_label: bool,
 }
 
 impl Draft {
@@ -180,6 +183,7 @@ impl Draft {
             lock_delay: self.lock_delay,
             backoff,
             grace: self.grace.unwrap_or(DEFAULT_GRACE),
+            candidate_label: self.candidate_label,
         })
     }
 }

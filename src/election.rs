@@ -148,6 +148,14 @@ impl<B: Backend> ElectionBuilder<B> {
         self
     }
 
+    /// Labels this election's metrics with the candidate's id too, besides the election's
+    /// name (default: off). Off by default because the default candidate id holds the pid,
+    /// so every restart would start new series; turn it on with a stable id, e.g. a host name.
+    pub fn label_metrics_with_candidate(mut self, on: bool) -> Self {
+        self.draft.candidate_label = on;
+        self
+    }
+
     /// What [`run`](Election::run) does when the worker ends while leader (default: resign).
     pub fn on_worker_exit(mut self, policy: OnWorkerExit) -> Self {
         self.on_worker_exit = policy;

@@ -378,7 +378,7 @@ async fn metrics_are_scraped_over_http_after_an_election() {
     assert_eq!(status, 200);
     let line = |name: &str| {
         body.lines()
-            .find(|l| l.starts_with(name) && l.contains("candidate=\"metrics-a\""))
+            .find(|l| l.starts_with(name) && l.contains("election=\"jobs/metrics\""))
             .map(str::to_owned)
     };
     let is_leader = line("incumbent_is_leader{").unwrap_or_else(|| panic!("{body}"));

@@ -50,7 +50,7 @@ async fn a_term_records_every_metric() {
     while !matches!(campaign.recv().await, Some(LeadershipEvent::Elected(_))) {}
     tokio::time::sleep(Duration::from_secs(3)).await; // a few renewals
 
-    let who = [("election", "metered"), ("candidate", "a")];
+    let who = [("election", "metered")];
     let snap = snapshot(&snapshotter);
     assert_eq!(
         find(&snap, names::IS_LEADER, &who),
@@ -99,4 +99,46 @@ async fn a_term_records_every_metric() {
         ),
         Some(&DebugValue::Counter(1))
     );
+    // No candidate label unless asked for: the default id holds the pid.
+    assert!(
+        snap.iter()
+            .all(|(key, ..)| key.key().labels().all(|l| l.key() != "candidate")),
+        "a candidate label by default"
+    );
+
+    // A follower exports 0 from the start, before it ever led.
+    while !matches!(campaign.recv().await, Some(LeadershipEvent::Elected(_))) {}
+    let mut follower = Election::builder(store.clone(), "metered")
+        .candidate("b")
+        .ttl(Duration::from_secs(3))
+        .label_metrics_with_candidate(true)
+        .build()
+        .expect("valid")
+        .campaign();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = [("election", "metered"), ("candidate", "b")];
+    let snap = snapshot(&snapshotter);
+    assert_eq!(
+        find(&snap, names::IS_LEADER, &b),
+        Some(&DebugValue::Gauge(0.0.into())),
+        "a follower that never led exports 0, with its candidate label when asked"
+    );
+
+    // Time to leader is the failover latency, not the wait behind a healthy leader: b
+    // followed for 10 s, then took over at a resign.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    campaign.shutdown().await.expect("shutdown");
+    while !matches!(follower.recv().await, Some(LeadershipEvent::Elected(_))) {}
+    let snap = snapshot(&snapshotter);
+    match find(&snap, names::TIME_TO_LEADER, &b) {
+        Some(DebugValue::Histogram(h)) => {
+            assert_eq!(h.len(), 1);
+            assert!(
+                h[0].into_inner() < 1.0,
+                "failover took {:?} s, not the 10 s b waited",
+                h[0]
+            );
+        }
+        other => panic!("time to leader: {other:?}"),
+    }
 }
