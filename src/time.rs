@@ -11,6 +11,10 @@ pub fn unix_ms(t: SystemTime) -> u64 {
 
 /// `2026-11-22T10:00:00.123Z`: RFC 3339, in UTC, to the millisecond.
 ///
+/// The same text as `humantime::format_rfc3339_millis` (checked by a test), which the library
+/// cannot use in every build (`humantime` comes with the `cli` feature only) and which panics
+/// on times before 1970 or after 9999; this clamps times before 1970 to the epoch.
+///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
 /// let t = UNIX_EPOCH + Duration::from_millis(1_795_341_600_123);
@@ -76,6 +80,31 @@ mod tests {
         assert_eq!(at(951_782_400_001), "2000-02-29T00:00:00.001Z");
         assert_eq!(at(1_795_341_600_123), "2026-11-22T10:00:00.123Z");
         assert_eq!(at(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    /// The calendar code agrees with `humantime`'s RFC 3339 formatting, from 1970 to 9999.
+    #[cfg(feature = "cli")]
+    #[test]
+    fn timestamps_match_humantime() {
+        const LAST_MS: u64 = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
+        // Every day from 1970 to 9999, each at another time of day.
+        for day in 0..=LAST_MS / 86_400_000 {
+            let ms = day * 86_400_000 + (day * 7_919_001) % 86_400_000;
+            let t = UNIX_EPOCH + Duration::from_millis(ms);
+            assert_eq!(
+                rfc3339(t),
+                humantime::format_rfc3339_millis(t).to_string(),
+                "{ms}"
+            );
+        }
+        let last = UNIX_EPOCH + Duration::from_millis(LAST_MS);
+        assert_eq!(rfc3339(last), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            rfc3339(last),
+            humantime::format_rfc3339_millis(last).to_string()
+        );
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(rfc3339(before), "1970-01-01T00:00:00.000Z");
     }
 
     #[test]

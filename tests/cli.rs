@@ -515,6 +515,44 @@ fn usage_and_configuration_errors_exit_2_with_one_line() {
             "not a duration",
         ),
         (
+            vec![
+                "run",
+                "--election",
+                e,
+                "--ttl",
+                "999999999999h",
+                "--",
+                "true",
+            ],
+            "--ttl <DUR>': `999999999999h` is out of range",
+        ),
+        (
+            vec![
+                "run",
+                "--election",
+                e,
+                "--grace",
+                "999999999999h",
+                "--",
+                "true",
+            ],
+            "out of range",
+        ),
+        (
+            vec!["status", "--election", e, "--timeout", "999999999999h"],
+            "out of range",
+        ),
+        (
+            vec![
+                "resign",
+                "--election",
+                e,
+                "--timeout",
+                "99999999999999999999999s",
+            ],
+            "out of range",
+        ),
+        (
             vec!["run", "--election", "/bad", "--", "true"],
             "invalid election name",
         ),

@@ -59,7 +59,8 @@
 //!
 //! The backend comes from `--backend` or `INCUMBENT_BACKEND` (default `file:`, the default lock
 //! directory): see `incumbent::url`. Credentials come only from the environment.
-//! Durations are written like `500ms`, `10s`, `2m`, `1h` or `1m30s`.
+//! Durations are written like `500ms`, `10s`, `2m`, `1h`, `1m30s` or `1h 30min` (see the
+//! `humantime` crate), at most a year; a longer one is a usage error (exit code 2).
 //!
 //! Exit codes:
 //! - `0`: success: `run` shut down gracefully (SIGINT, SIGTERM or SIGHUP); `status` printed

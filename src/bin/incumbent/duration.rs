@@ -1,42 +1,39 @@
-//! Durations as people write them: `500ms`, `10s`, `1.5s`, `2m`, `1h`, `1m30s`.
+//! Durations as people write them: `500ms`, `10s`, `1.5s`, `2m`, `1h`, `1m30s`, `1h 30min`
+//! (parsed by `humantime`), up to [`MAX`].
 
 use std::time::Duration;
 
-const HINT: &str = "write a number and a unit (ms, s, m or h), e.g. 500ms, 10s, 2m or 1m30s";
+const HINT: &str = "write a number and a unit (ms, s, m, h or d), e.g. 500ms, 10s, 2m or 1m30s";
 
-/// Parses one or more `<number><unit>` parts and adds them up.
+/// The longest duration any option accepts: longer ones are mistakes (and would overflow
+/// the clock arithmetic they feed).
+pub const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a duration (`0` needs no unit), refusing anything longer than [`MAX`].
 pub fn parse(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text.is_empty() {
+    use humantime::DurationError as E;
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
         return Err(format!("the duration is empty; {HINT}"));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (number, after) = rest.split_at(number_len);
-        let unit_len = after
-            .find(|c: char| !c.is_ascii_alphabetic())
-            .unwrap_or(after.len());
-        let (unit, next) = after.split_at(unit_len);
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("`{text}` is not a duration; {HINT}"))?;
-        let seconds = match unit {
-            "ms" => value / 1000.0,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            "" => return Err(format!("`{text}` has no unit; {HINT}")),
-            other => return Err(format!("`{text}`: unknown unit `{other}`; {HINT}")),
-        };
-        total += Duration::try_from_secs_f64(seconds)
-            .map_err(|_| format!("`{text}` is out of range; {HINT}"))?;
-        rest = next;
+    match humantime::parse_duration(trimmed) {
+        Ok(d) if d > MAX => Err(format!(
+            "`{trimmed}` is out of range: at most {}d (a year) is accepted",
+            MAX.as_secs() / 86_400
+        )),
+        Ok(d) => Ok(d),
+        Err(E::NumberOverflow) => Err(format!(
+            "`{trimmed}` is out of range: at most {}d (a year) is accepted",
+            MAX.as_secs() / 86_400
+        )),
+        Err(E::UnknownUnit { unit, .. }) if unit.is_empty() => {
+            Err(format!("`{trimmed}` has no unit; {HINT}"))
+        }
+        Err(E::UnknownUnit { unit, .. }) => {
+            Err(format!("`{trimmed}`: unknown unit `{unit}`; {HINT}"))
+        }
+        Err(_) => Err(format!("`{trimmed}` is not a duration; {HINT}")),
     }
-    Ok(total)
 }
 
 #[cfg(test)]
@@ -51,6 +48,9 @@ mod tests {
         assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("1h 30min"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse("0"), Ok(Duration::ZERO));
+        assert_eq!(parse("365d"), Ok(MAX));
     }
 
     #[test]
@@ -61,6 +61,10 @@ mod tests {
             ("10x", "unknown unit"),
             ("", "empty"),
             ("-1s", "not a duration"),
+            ("999999999999h", "out of range"),
+            ("366d", "out of range"),
+            ("99999999999999999999999s", "out of range"),
+            ("18446744073709551615s", "out of range"),
         ] {
             let error = parse(text).expect_err(text);
             assert!(error.contains(hint), "{text}: {error}");
