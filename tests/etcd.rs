@@ -1129,3 +1129,191 @@ async fn tls_with_a_client_certificate() {
         "{mixed:?}"
     );
 }
+
+/// Issue 10, point 5: a leader that fenced itself during an etcd outage leads again as soon as
+/// etcd is back, not a ttl later. (etcd extends every lease when it restarts, so the old lease,
+/// whose revoke failed during the outage, would otherwise keep the old key, ahead of the new
+/// candidacy, for another ttl.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_fenced_by_an_outage_leads_again_at_once_when_etcd_is_back() {
+    let ttl = Duration::from_secs(6);
+    let mut etcd = EtcdServer::single().await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaign = election(&backend, "outage", "a", ttl).campaign();
+    let first = elected(&mut campaign, PATIENCE).await;
+    etcd.process().kill9();
+    assert_eq!(
+        demoted(&mut campaign, PATIENCE).await,
+        DemotionReason::RenewDeadlineExceeded
+    );
+    // Down a little longer: the revoke of the old lease and the first grants of a new one fail.
+    sleep(Duration::from_secs(1)).await;
+    etcd.process().restart().await;
+    let healthy = Instant::now();
+    let second = elected(&mut campaign, PATIENCE).await;
+    let took = healthy.elapsed();
+    eprintln!("led again {took:?} after etcd was healthy (ttl {ttl:?})");
+    assert!(
+        took < ttl / 2,
+        "led again {took:?} after etcd was healthy: queued behind its own old key?"
+    );
+    assert!(second.fencing_token() > first.fencing_token());
+    let mut client = operator(&etcd.endpoints()).await;
+    let keys = candidates(&mut client, &backend, "outage").await;
+    assert_eq!(keys.len(), 1, "only the new key is left");
+    assert_eq!(token(&keys[0]), second.fencing_token());
+}
+
+/// Issue 10, point 5: a contender does not queue behind a key of a lease that its own backend
+/// granted and closed, whatever the key's value says, and only behind such keys: a key of
+/// someone else's lease is waited for, even when it names the same candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_does_not_queue_behind_a_key_of_a_lease_its_backend_closed() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let election = "leftover";
+    let old = backend
+        .open_session(&session_options(election))
+        .await
+        .expect("session");
+    let old_lease = old.lease_id();
+    old.close().await.expect("close");
+    // What a revoke that never got through leaves behind: the old lease alive, with a key of
+    // it ahead of the next candidacy. (etcd grants a lease with the id a client asks for.)
+    let value = Leader {
+        candidate: candidate("a"),
+        fencing_token: None,
+        since_unix_ms: None,
+    }
+    .to_bytes();
+    client
+        .lease_grant(
+            60,
+            Some(etcd_client::LeaseGrantOptions::new().with_id(old_lease)),
+        )
+        .await
+        .expect("grant the old lease again");
+    let stale = format!("{}{old_lease:x}", backend.election_range(election));
+    client
+        .put(
+            stale.clone(),
+            value.clone(),
+            Some(etcd_client::PutOptions::new().with_lease(old_lease)),
+        )
+        .await
+        .expect("put the stale key");
+
+    let session = backend
+        .open_session(&session_options(election))
+        .await
+        .expect("session");
+    let mut contender = session
+        .contend(election, &candidate("a"))
+        .await
+        .expect("contend");
+    let attempt = timeout(Duration::from_secs(2), contender.acquire())
+        .await
+        .expect("acquire answers at once")
+        .expect("acquire");
+    assert!(
+        matches!(attempt, Attempt::Won { .. }),
+        "waits behind its own stale key: {attempt:?}"
+    );
+    let keys = candidates(&mut client, &backend, election).await;
+    assert_eq!(keys.len(), 1, "the stale key is gone");
+    assert_eq!(keys[0].lease(), session.lease_id());
+    contender.release().await.expect("release");
+
+    // A key of a lease this backend never granted stays, and is queued behind, even though
+    // its value names the same candidate.
+    let foreign = client.lease_grant(60, None).await.expect("grant").id();
+    let theirs = format!("{}{foreign:x}", backend.election_range(election));
+    client
+        .put(
+            theirs.clone(),
+            value,
+            Some(etcd_client::PutOptions::new().with_lease(foreign)),
+        )
+        .await
+        .expect("put a foreign key");
+    let attempt = contender.acquire().await.expect("acquire");
+    assert!(
+        matches!(attempt, Attempt::Held { .. }),
+        "a foreign key must be waited for: {attempt:?}"
+    );
+    let keys = candidates(&mut client, &backend, election).await;
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0].key(),
+        theirs.as_bytes(),
+        "the foreign key stays first"
+    );
+    contender.release().await.expect("release");
+    session.close().await.expect("close");
+}
+
+/// Issue 10, point 5: "requested lease not found" when a follower writes its key again is a
+/// lost session: the campaign is back in the queue with a new lease at once, not after the
+/// next renewal (a renew interval later) and a growing back-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_lease_is_revoked_is_back_in_the_queue_at_once() {
+    let ttl = Duration::from_secs(9); // renewals 3 s apart
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let leader_backend = connect(&etcd.endpoints()).await;
+    let follower_backend = connect(&etcd.endpoints()).await;
+    let mut a = election(&leader_backend, "revoked-follower", "a", ttl).campaign();
+    elected(&mut a, PATIENCE).await;
+    let b = election(&follower_backend, "revoked-follower", "b", ttl).campaign();
+    follows(&b).await;
+    let old = follower_backend.lease_ids()[0];
+
+    // Revoke just after a renewal of b's lease (its remaining ttl goes up), so that the next
+    // renewal, which would hear that the lease is gone, is a renew interval away.
+    let remaining = async |client: &mut Client| {
+        client
+            .lease_time_to_live(old, None)
+            .await
+            .expect("time to live")
+            .ttl()
+    };
+    let mut last = remaining(&mut client).await;
+    timeout(PATIENCE, async {
+        loop {
+            sleep(Duration::from_millis(20)).await;
+            let now = remaining(&mut client).await;
+            if now > last {
+                break;
+            }
+            last = now;
+        }
+    })
+    .await
+    .expect("a renewal");
+    client.lease_revoke(old).await.expect("revoke");
+    let revoked = Instant::now();
+
+    let requeued = timeout(PATIENCE, async {
+        loop {
+            let keys = candidates(&mut client, &leader_backend, "revoked-follower").await;
+            if keys
+                .iter()
+                .any(|kv| kv.lease() != old && Leader::from_bytes(kv.value()).candidate.id == "b")
+            {
+                return Instant::now();
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("b is back in the queue");
+    let took = requeued - revoked;
+    eprintln!("back in the queue {took:?} after the revoke");
+    assert!(
+        took < Duration::from_secs(1),
+        "back in the queue only {took:?} after the revoke"
+    );
+    assert!(a.status().borrow().is_leader());
+    follows(&b).await;
+}

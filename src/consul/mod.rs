@@ -243,8 +243,20 @@ impl ConsulBuilder {
     /// Errors with [`Error::InvalidConfig`] for an unusable address (no host, a scheme other
     /// than `http` or `https`, credentials in it), an ACL token that cannot be sent as an HTTP
     /// header, TLS material that is not PEM, or a prefix that makes no valid key (`a//b`,
-    /// `.` or `..` segments).
+    /// `.` or `..` segments) or that has a `?` or `#` (most likely a pasted URL whose query, a
+    /// token perhaps, would end up in every key; the message shows it redacted).
     pub fn build(self) -> Result<ConsulBackend> {
+        if self.prefix.contains(['?', '#']) {
+            return Err(Error::InvalidConfig {
+                backend: NAME,
+                reason: format!(
+                    "the key prefix {:?} has a '?' or '#', which would put what looks like a \
+                     URL's query or fragment into every key; use letters, digits, '/', '.', '_' \
+                     or '-' (an ACL token goes in ConsulConfig::token)",
+                    crate::url::redact(&self.prefix)
+                ),
+            });
+        }
         let prefix = self
             .prefix
             .strip_prefix('/')
@@ -394,6 +406,20 @@ mod tests {
         }
         let e = ConsulBackend::connect("ftp://x").unwrap_err();
         assert!(matches!(e, Error::InvalidConfig { .. }), "{e}");
+    }
+
+    #[test]
+    fn prefixes_with_a_query_or_fragment_are_refused_without_echoing_them() {
+        for bad in ["p?token=s3cr3t/", "p/?token=s3cr3t", "p#s3cr3t/", "a/b#"] {
+            let e = ConsulBackend::builder(ConsulConfig::default())
+                .prefix(bad)
+                .build()
+                .unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig { .. }), "{bad:?}: {e}");
+            let message = e.to_string();
+            assert!(message.contains("'?' or '#'"), "{message}");
+            assert!(!message.contains("s3cr3t"), "{message}");
+        }
     }
 
     #[test]

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::session::{Lease, free_key};
 use super::watch::{Follow, Retry, Seen, Start, Target};
-use super::{EtcdBackend, error, leader_of, token_of};
+use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
 
@@ -170,9 +170,15 @@ impl EtcdContender {
         let backend = &self.backend;
         let response = backend
             .request("writing the candidate key", || async {
-                backend.kv().txn(txn).await
+                match backend.kv().txn(txn).await {
+                    Err(e) if error::is_lease_not_found(&e) => Ok(None),
+                    other => other.map(Some),
+                }
             })
             .await?;
+        let Some(response) = response else {
+            return Err(self.lease_gone().await);
+        };
         if response.succeeded() {
             self.created = response.header().map(|h| h.revision());
             return Ok(());
@@ -260,7 +266,10 @@ impl EtcdContender {
                 })
                 .await;
             match checked {
-                Ok(response) if response.ttl() <= 0 => return LockLoss::SessionLost,
+                Ok(response) if response.ttl() <= 0 => {
+                    self.lease.gone();
+                    return LockLoss::SessionLost;
+                }
                 Ok(_) => return LockLoss::Deleted,
                 Err(error) => {
                     tracing::debug!(%error, "cannot check the lease after losing the key");
@@ -326,6 +335,61 @@ impl EtcdContender {
             Some(SessionLoss::Expired)
         )
     }
+
+    /// etcd said "requested lease not found": the session is lost now, for every election
+    /// on the lease, not at the next renewal. The error returned to the caller comes after
+    /// one yield, so that a caller watching the session's health (the campaign) sees the loss
+    /// first, and opens a new session at once instead of backing off as after a failure.
+    async fn lease_gone(&self) -> crate::Error {
+        self.lease.gone();
+        tokio::task::yield_now().await;
+        error::store(format!(
+            "etcd does not know the lease {:x} any more (expired or revoked); the session is \
+             lost",
+            self.lease.id
+        ))
+    }
+
+    /// Whether `kv` is bound to a lease that this backend granted and has since closed or
+    /// dropped: a leftover of ours, never a live candidate. Decided from what this process
+    /// remembers of its own leases, not from anything in the key's value.
+    fn is_leftover(&self, kv: &KeyValue) -> bool {
+        is_leftover(&self.backend, self.lease.id, kv)
+    }
+
+    /// Deletes the keys of `queue` that are leftovers of ours (see
+    /// [`is_leftover`](Self::is_leftover)), each only at its create revision and lease, so
+    /// that nothing else can go. Returns whether there were any (the caller reads again).
+    async fn clear_leftovers(&self, queue: &Queue) -> Result<bool> {
+        let leftovers: Vec<&KeyValue> = queue
+            .candidates
+            .iter()
+            .filter(|kv| self.is_leftover(kv))
+            .collect();
+        for kv in &leftovers {
+            let key = kv.key().to_vec();
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
+                    Compare::lease(key.clone(), CompareOp::Equal, kv.lease()),
+                ])
+                .and_then([TxnOp::delete(key, None)]);
+            let backend = &self.backend;
+            let response = backend
+                .request(
+                    "deleting a candidate key of a lease this process closed",
+                    || async { backend.kv().txn(txn).await },
+                )
+                .await?;
+            tracing::info!(
+                key = %String::from_utf8_lossy(kv.key()),
+                lease = %format_args!("{:x}", kv.lease()),
+                deleted = response.succeeded(),
+                "deleted a candidate key left by a lease this process closed, rather than wait behind it"
+            );
+        }
+        Ok(!leftovers.is_empty())
+    }
 }
 
 impl Contender for EtcdContender {
@@ -336,12 +400,24 @@ impl Contender for EtcdContender {
         {
             return Ok(self.win(created, revision, false));
         }
-        for _ in 0..MAX_WRITES {
-            let fresh = self.created.is_none();
-            if fresh {
+        let (mut writes, mut clearings) = (0, 0);
+        let mut fresh = false;
+        loop {
+            if self.created.is_none() {
+                if writes == MAX_WRITES {
+                    break;
+                }
+                writes += 1;
                 self.write().await?;
+                fresh = true;
             }
             let queue = self.backend.read_queue(&self.range).await?;
+            // Our own leftovers (keys of leases this backend closed) are never queued behind:
+            // after an outage, etcd may keep such a lease alive for another ttl.
+            if clearings < MAX_WRITES && self.clear_leftovers(&queue).await? {
+                clearings += 1;
+                continue;
+            }
             let Some(mine) = queue
                 .candidates
                 .iter()
@@ -349,6 +425,7 @@ impl Contender for EtcdContender {
             else {
                 // Deleted by an operator, or its lease expired: write it again.
                 self.forget();
+                fresh = false;
                 continue;
             };
             let created = mine.create_revision();
@@ -439,7 +516,14 @@ impl Contender for EtcdContender {
                     kv.key() == key.as_bytes() && created.is_none_or(|c| kv.create_revision() == c)
                 })
             };
-            if !present(&waiting.predecessor, Some(waiting.predecessor_created))
+            // A predecessor that turned out to be a leftover of ours (its lease was closed
+            // since): back to `acquire`, which deletes it.
+            let leftover = queue
+                .candidates
+                .iter()
+                .any(|kv| is_leftover(&self.backend, self.lease.id, kv));
+            if leftover
+                || !present(&waiting.predecessor, Some(waiting.predecessor_created))
                 || !present(&self.key, self.created)
             {
                 break;
@@ -554,6 +638,12 @@ impl Contender for EtcdContender {
         self.forget();
         Ok(())
     }
+}
+
+/// Whether `kv` is bound to a lease that `backend` granted and has since closed or dropped
+/// (and which is not `own`, the asking contender's).
+fn is_leftover(backend: &EtcdBackend, own: i64, kv: &KeyValue) -> bool {
+    kv.lease() != 0 && kv.lease() != own && backend.is_abandoned(kv.lease())
 }
 
 impl Drop for EtcdContender {

@@ -90,10 +90,28 @@
 //!   win. etcd measures the lease on the cluster leader's clock; the leader measures the
 //!   deadline on its own, from when it *sent* the last renewal that was confirmed.
 //! - **A paused or restarting server**: etcd's keep-alive stream can stall without an error
-//!   while the server is paused, and does not reconnect after a restart. Each renewal here has
-//!   its own deadline (the renew interval), and a failed or late renewal reopens the stream,
-//!   so a pause shorter than the renew deadline costs nothing, and a restart costs a renewal
-//!   or two. A lease outlives a server restart: etcd extends every lease when it restarts.
+//!   while the server is paused, and does not reconnect after a restart. A renewal not
+//!   answered within the retry period (a quarter of the renew interval) is followed by another
+//!   on a fresh stream, while the first keeps waiting; the first one confirmed counts. A pause
+//!   shorter than renew deadline − renew interval (ttl/3 with the defaults) costs nothing; a
+//!   longer one, up to the renew deadline, only if it starts soon after a confirmed renewal. A
+//!   restart costs a renewal or two. A lease outlives a server restart: etcd extends every
+//!   lease when it restarts.
+//! - **Re-election after an outage.** A leader that fenced itself during an outage closes its
+//!   lease and campaigns on a new one. The revoke of the old lease is retried in the
+//!   background (jittered back-off from 100 ms up to 1 s, or a quarter of the ttl if shorter)
+//!   until etcd revokes it or says it is gone, for up to ten ttls and at least a minute after
+//!   the close; an error other than "etcd cannot be reached" ends the retries at once. So when
+//!   etcd comes back (and extends every lease by its ttl), the old lease and its keys go within
+//!   about a second, not a ttl later. And a contender never queues behind a key of a lease its
+//!   own [`EtcdBackend`] granted and has since closed (or dropped): such a key, in its own
+//!   election's range, is deleted (only that key, at that create revision and lease) before
+//!   the queue is judged. Which leases are ours is what this process remembers (the last
+//!   [`ABANDONED_LEASES_KEPT`] closed ones), never what a key's value says.
+//! - **A lease etcd does not know** ("requested lease not found" when writing the candidate
+//!   key or its value, or a lease whose ttl etcd reports as gone) ends the session at once
+//!   ([`SessionLoss::Expired`](crate::backend::SessionLoss::Expired) in its health), so the
+//!   campaign opens a new one without waiting for the next renewal.
 //! - **Losing one member of three** leaves the other two serving. Requests carry etcd's
 //!   "require leader" flag, so a member cut off from the others refuses them instead of
 //!   serving stale reads and silent watches, and the client moves to a member that answers.
@@ -123,6 +141,7 @@ mod session;
 mod tls;
 mod watch;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,6 +173,11 @@ pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 /// thousand concurrent calls. Lease keep-alives and watches do not wait for a slot.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
 
+/// How many closed leases an [`EtcdBackend`] remembers as its own leftovers (see
+/// [`EtcdContender`]): far more than a backend closes within the time a lease can outlive its
+/// close.
+pub const ABANDONED_LEASES_KEPT: usize = 1024;
+
 /// Separates the election name from the lease id in a candidate key. Not allowed in election
 /// names, so one election's range never includes another's.
 const SEPARATOR: char = '@';
@@ -177,6 +201,10 @@ struct Inner {
     watches: watch::Hub,
     /// One permit per request that may be in flight ([`MAX_REQUESTS_IN_FLIGHT`]).
     slots: Semaphore,
+    /// The leases this backend granted and has since closed or dropped, newest last, at most
+    /// [`ABANDONED_LEASES_KEPT`]: a key bound to one of them is a leftover of ours, never a
+    /// live candidate.
+    abandoned: std::sync::Mutex<VecDeque<i64>>,
 }
 
 /// What the backend keeps of its settings after connecting: no secrets.
@@ -246,6 +274,7 @@ impl EtcdBackend {
                 leases: SessionPool::default(),
                 watches: watch::Hub::default(),
                 slots: Semaphore::new(MAX_REQUESTS_IN_FLIGHT),
+                abandoned: std::sync::Mutex::new(VecDeque::new()),
             }),
         }
     }
@@ -321,6 +350,24 @@ impl EtcdBackend {
             .await?;
         let revision = response.header().map_or(0, |h| h.revision());
         Ok((revision, response.take_kvs().into_iter().next()))
+    }
+
+    /// Remembers that this backend closed (or dropped) the lease `id`: any key still bound
+    /// to it is a leftover, which a contender deletes rather than queue behind.
+    fn abandon(&self, id: i64) {
+        let mut abandoned = crate::backend::lock(&self.inner.abandoned);
+        if abandoned.contains(&id) {
+            return;
+        }
+        if abandoned.len() >= ABANDONED_LEASES_KEPT {
+            abandoned.pop_front();
+        }
+        abandoned.push_back(id);
+    }
+
+    /// Whether `id` is a lease this backend granted and has since closed or dropped.
+    fn is_abandoned(&self, id: i64) -> bool {
+        crate::backend::lock(&self.inner.abandoned).contains(&id)
     }
 
     /// The ids of the leases this backend holds open (one per distinct session options).

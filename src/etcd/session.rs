@@ -14,7 +14,7 @@ use super::{EtcdBackend, NAME, SEPARATOR, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
 use crate::backend::pool::{Poolable, Shared};
-use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
+use crate::backend::{Candidate, Session, SessionHealth, SessionLoss, SessionOptions};
 use crate::{Error, Result};
 
 /// A granted lease and its keep-alive, shared through the backend's pool by every
@@ -22,7 +22,13 @@ use crate::{Error, Result};
 pub(super) struct Lease {
     backend: EtcdBackend,
     pub id: i64,
+    ttl: Duration,
     keepalive: KeepAlive,
+    /// The health the sessions see: the keep-alive's, forwarded, except that a lease etcd
+    /// says it does not know is lost at once ([`Lease::gone`]), without waiting for the next
+    /// renewal to hear it.
+    health: watch::Receiver<SessionHealth>,
+    health_tx: Arc<watch::Sender<SessionHealth>>,
     /// The candidate keys claimed by contenders of this lease, so that two campaigns for the
     /// same election sharing the lease still get a key each.
     keys: Mutex<HashSet<String>>,
@@ -30,8 +36,119 @@ pub(super) struct Lease {
 
 impl Lease {
     pub fn health(&self) -> watch::Receiver<SessionHealth> {
-        self.keepalive.health()
+        self.health.clone()
     }
+
+    /// etcd said it does not know this lease (it expired, or was revoked): the session is
+    /// lost ([`SessionLoss::Expired`]) now, and renewing it is pointless.
+    pub fn gone(&self) {
+        let marked = self.health_tx.send_if_modified(|h| match h.lost {
+            Some(_) => false,
+            None => {
+                h.lost = Some(SessionLoss::Expired);
+                true
+            }
+        });
+        if marked {
+            tracing::debug!(lease = %format_args!("{:x}", self.id), "etcd does not know the lease any more; the session is lost");
+        }
+        self.keepalive.stop();
+    }
+}
+
+/// Copies the keep-alive's health into the sessions' channel as it changes, keeping a loss
+/// that [`Lease::gone`] set first. Ends when the keep-alive does.
+fn forward_health(mut from: watch::Receiver<SessionHealth>, to: Arc<watch::Sender<SessionHealth>>) {
+    tokio::spawn(async move {
+        loop {
+            let latest = from.borrow_and_update().clone();
+            to.send_if_modified(|h| {
+                let lost = h.lost.or(latest.lost);
+                let changed = h.confirmed_sent_at != latest.confirmed_sent_at
+                    || h.last_error != latest.last_error
+                    || h.lost != lost;
+                h.confirmed_sent_at = latest.confirmed_sent_at;
+                h.last_error = latest.last_error;
+                h.lost = lost;
+                changed
+            });
+            if latest.lost.is_some() || from.changed().await.is_err() {
+                // Once lost, the keep-alive changes nothing more: a last look, and done.
+                let last = from.borrow().lost;
+                to.send_if_modified(|h| match (h.lost, last) {
+                    (None, Some(loss)) => {
+                        h.lost = Some(loss);
+                        true
+                    }
+                    _ => false,
+                });
+                break;
+            }
+        }
+    });
+}
+
+/// The first pause before retrying a revoke that failed, and the longest (or a quarter of the
+/// ttl, if shorter).
+const REVOKE_RETRY_FIRST: Duration = Duration::from_millis(100);
+const REVOKE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// A failed revoke is retried for this many ttls after the close, and at least
+/// [`REVOKE_PATIENCE_MIN`]: long enough to outlast an etcd restart or a leader election,
+/// after which etcd extends every lease by its ttl.
+const REVOKE_PATIENCE_TTLS: u32 = 10;
+const REVOKE_PATIENCE_MIN: Duration = Duration::from_secs(60);
+
+/// One revoke; a lease etcd does not know is revoked already.
+async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
+    backend
+        .request("revoking the lease (it expires by itself)", || async {
+            match backend.lease_client().revoke(id).await {
+                Err(e) if error::is_lease_not_found(&e) => Ok(()),
+                other => other.map(drop),
+            }
+        })
+        .await
+}
+
+/// Retries a revoke that failed because etcd could not be reached, in a background task:
+/// with jittered back-off, until etcd revokes the lease or says it is gone, an error other
+/// than unavailability, or the patience runs out. etcd extends every lease by its ttl when it
+/// restarts or elects a new leader, so a lease whose revoke failed during an outage would
+/// otherwise live on for a ttl after etcd is back, and its keys with it.
+fn revoke_in_background(backend: EtcdBackend, id: i64, ttl: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let backoff = crate::config::Backoff {
+        initial: REVOKE_RETRY_FIRST,
+        max: REVOKE_RETRY_MAX.min(ttl / 4).max(REVOKE_RETRY_FIRST),
+    };
+    let patience = ttl
+        .saturating_mul(REVOKE_PATIENCE_TTLS)
+        .max(REVOKE_PATIENCE_MIN);
+    runtime.spawn(async move {
+        let until = Instant::now() + patience;
+        let lease = format!("{id:x}");
+        for attempt in 0u32.. {
+            let pause = backoff.delay(attempt);
+            if Instant::now() + pause >= until {
+                tracing::debug!(%lease, ?patience, "giving up revoking the lease; etcd expires it");
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            match revoke(&backend, id).await {
+                Ok(()) => {
+                    tracing::debug!(%lease, retries = attempt + 1, "lease revoked on a retry");
+                    return;
+                }
+                Err(error) if error.is_transient() => {}
+                Err(error) => {
+                    tracing::debug!(%lease, %error, "cannot revoke the lease; etcd expires it");
+                    return;
+                }
+            }
+        }
+    });
 }
 
 impl Poolable for Lease {
@@ -42,19 +159,20 @@ impl Poolable for Lease {
         Lease::health(self)
     }
 
-    /// Stops the keep-alive and revokes the lease; a lease that is already gone is fine.
+    /// Stops the keep-alive and revokes the lease; a lease that is already gone is fine. The
+    /// lease is remembered as abandoned first, so that no contender of this backend queues
+    /// behind a key of it (see [`EtcdContender`]). A revoke that fails because etcd cannot
+    /// be reached is retried in the background (see [`revoke_in_background`]) and reported.
     async fn destroy(&self) -> Result<()> {
         self.keepalive.stop();
-        let backend = &self.backend;
-        let id = self.id;
-        backend
-            .request("revoking the lease (it expires by itself)", || async {
-                match backend.lease_client().revoke(id).await {
-                    Err(e) if error::is_lease_not_found(&e) => Ok(()),
-                    other => other.map(drop),
-                }
-            })
-            .await
+        self.backend.abandon(self.id);
+        match revoke(&self.backend, self.id).await {
+            Err(error) if error.is_transient() => {
+                revoke_in_background(self.backend.clone(), self.id, self.ttl);
+                Err(error)
+            }
+            other => other,
+        }
     }
 }
 
@@ -101,10 +219,17 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
     let id = granted.id();
     tracing::debug!(lease = %format_args!("{id:x}"), ttl, granted = granted.ttl(), "lease granted");
     let keepalive = KeepAlive::spawn(NAME, options, sent, renewer(backend.lease_client(), id));
+    let from = keepalive.health();
+    let (health_tx, health) = watch::channel(from.borrow().clone());
+    let health_tx = Arc::new(health_tx);
+    forward_health(from, health_tx.clone());
     Ok(Lease {
         backend: backend.clone(),
         id,
+        ttl: options.ttl,
         keepalive,
+        health,
+        health_tx,
         keys: Mutex::new(HashSet::new()),
     })
 }
@@ -121,8 +246,11 @@ type KeepAliveChannel = (LeaseKeeper, LeaseKeepAliveStream);
 /// The renewal call for [`KeepAlive`]: one keep-alive message on the lease's stream, and its
 /// answer. The stream is opened on first use and reopened after any failure, because
 /// `etcd-client`'s stream neither reconnects after a server restart nor errors while the
-/// server is paused; [`KeepAlive`] bounds each call by the renew interval, and a call cut
-/// short leaves the stream closed, so the next one starts on a fresh stream.
+/// server is paused. [`KeepAlive`] lets each call run until it answers or the session has
+/// surely expired, and may have several in flight (it sends another when one is not answered
+/// within its retry period): a call holds the stream while it waits, so a call made meanwhile
+/// finds none and opens a fresh one. A call that fails or is given up leaves the stream with
+/// it, so the next call starts on a fresh stream too.
 fn renewer(
     client: LeaseClient,
     id: i64,
