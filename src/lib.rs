@@ -216,3 +216,5 @@ pub use event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
 pub use term::{Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;

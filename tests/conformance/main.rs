@@ -92,3 +92,24 @@ conformance!(
         the_status_stops_saying_leader_with_the_term,
     ]
 );
+
+// No `a_loss_ends_the_term_before_the_store_is_asked_why` for ZooKeeper: its leader loses
+// the lock only with its node, and the node's delete is the answer (no store round trip is
+// ever taken before the term ends, nothing is asked afterwards).
+#[cfg(feature = "zookeeper")]
+conformance!(
+    zookeeper,
+    crate::stores::Zookeeper,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        a_session_expired_while_waiting_never_leads,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
+    ]
+);

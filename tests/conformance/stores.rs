@@ -372,3 +372,92 @@ impl Store for Etcd {
         server.process().restart().await;
     }
 }
+
+/// ZooKeeper: a standalone server per test on loopback (tick 200 ms), with a 2 s session
+/// timeout.
+///
+/// Every connection goes through a proxy of its own, so that `expire_sessions` can make the
+/// server expire one connection's sessions the way it does in production: it hears nothing
+/// from them for longer than their timeout.
+#[cfg(feature = "zookeeper")]
+#[derive(Clone)]
+pub struct Zookeeper {
+    client: std::net::SocketAddr,
+    /// The proxy of each connection made by `connect`, by the backend's server address.
+    proxies: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<crate::support::Proxy>>>>,
+}
+
+#[cfg(feature = "zookeeper")]
+impl Zookeeper {
+    async fn backend(address: std::net::SocketAddr) -> incumbent::zookeeper::ZookeeperBackend {
+        incumbent::zookeeper::ZookeeperBackend::builder(address.to_string())
+            .connect_timeout(Duration::from_secs(2))
+            .request_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect("connect to zookeeper")
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+impl Store for Zookeeper {
+    type Backend = incumbent::zookeeper::ZookeeperBackend;
+    type Server = crate::support::ZookeeperServer;
+
+    async fn start() -> (Self, crate::support::ZookeeperServer) {
+        let server = crate::support::ZookeeperServer::single().await;
+        (
+            Zookeeper {
+                client: server.client_addr(),
+                proxies: Arc::default(),
+            },
+            server,
+        )
+    }
+
+    async fn connect(&self) -> incumbent::zookeeper::ZookeeperBackend {
+        let proxy = Arc::new(crate::support::Proxy::start(self.client));
+        let backend = Self::backend(proxy.addr()).await;
+        self.proxies
+            .lock()
+            .unwrap()
+            .insert(backend.servers().to_owned(), proxy);
+        backend
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// A backend that reaches the server through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::zookeeper::ZookeeperBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.client));
+        let backend = Self::backend(proxy.addr()).await;
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Cuts the backend's connection off until the server has expired its sessions (the
+    /// session timeout and two ticks), then lets it reconnect, to hear that they expired.
+    async fn expire_sessions(&self, backend: &incumbent::zookeeper::ZookeeperBackend) {
+        let proxy = self
+            .proxies
+            .lock()
+            .unwrap()
+            .get(backend.servers())
+            .cloned()
+            .expect("a backend made by connect");
+        proxy.blackhole(true);
+        tokio::time::sleep(self.ttl() + Duration::from_millis(600)).await;
+        proxy.blackhole(false);
+    }
+
+    /// Restarts the server on the same port and data directory: nodes and sessions survive
+    /// (sessions are in the transaction log), as in any ensemble.
+    async fn restart(server: &mut crate::support::ZookeeperServer) {
+        server.process().restart().await;
+    }
+}

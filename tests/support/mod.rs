@@ -19,6 +19,7 @@ pub mod http;
 pub mod net;
 pub mod process;
 pub mod proxy;
+pub mod zookeeper;
 
 // Not every test file uses every type.
 #[allow(unused_imports)]
@@ -27,4 +28,5 @@ pub use self::{
     etcd::{EtcdCluster, EtcdServer},
     process::{Probe, ServerProcess},
     proxy::Proxy,
+    zookeeper::ZookeeperServer,
 };

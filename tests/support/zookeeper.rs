@@ -1,0 +1,142 @@
+//! ZooKeeper on loopback: a standalone server from Debian's `zookeeper` package, run
+//! straight from its jar (`ZooKeeperServerMain`), in a temp dir, killed on drop.
+//!
+//! The tick is short ([`TICK_MS`]) so that session timeouts of a second or two are allowed
+//! and expiry is detected within a tick. Readiness is probed on the AdminServer's `ruok`
+//! command, bound to its own free loopback port: it answers without an error only once the
+//! server serves requests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use super::bin::{INSTALL_HINT, find_binary};
+use super::net::free_addr;
+use super::process::{Probe, ServerProcess};
+
+/// ZooKeeper's tick in milliseconds: sessions are checked for expiry at this pace.
+pub const TICK_MS: u32 = 200;
+
+/// The smallest session timeout the server grants, in milliseconds (two ticks).
+pub const MIN_SESSION_TIMEOUT_MS: u32 = 2 * TICK_MS;
+
+/// The largest session timeout the server grants, in milliseconds.
+pub const MAX_SESSION_TIMEOUT_MS: u32 = 60_000;
+
+/// Where Debian's `libzookeeper-java` puts the server's jar; its manifest names the other
+/// jars it needs.
+const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+
+/// Jars the manifest leaves out: a logger (else the server logs nothing) and the servlet
+/// API (else the AdminServer, our readiness probe, cannot start).
+const EXTRA_JARS: [&str; 2] = [
+    "/usr/share/java/slf4j-simple.jar",
+    "/usr/share/java/servlet-api.jar",
+];
+
+/// A standalone ZooKeeper server, killed on drop.
+pub struct ZookeeperServer {
+    process: ServerProcess,
+    client_addr: SocketAddr,
+    // Declared last so it is removed after the process is killed.
+    _dir: TempDir,
+}
+
+impl ZookeeperServer {
+    /// Starts a standalone server on a free loopback port, its data in a temp dir, and waits
+    /// until it serves requests. Panics, naming the install command, when Java or the
+    /// `zookeeper` package is missing.
+    pub async fn single() -> Self {
+        let java = find_binary("java");
+        let classpath = classpath();
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-zookeeper-")
+            .tempdir()
+            .expect("create a zookeeper temp dir");
+        let client_addr = free_addr();
+        let admin_addr = free_addr();
+        let config = dir.path().join("zoo.cfg");
+        std::fs::create_dir_all(dir.path().join("data")).expect("create the data dir");
+        std::fs::write(&config, config_text(dir.path(), client_addr, admin_addr))
+            .expect("write zoo.cfg");
+        let args = vec![
+            "-Xmx256m".to_owned(),
+            "-cp".to_owned(),
+            classpath,
+            "org.apache.zookeeper.server.ZooKeeperServerMain".to_owned(),
+            config.display().to_string(),
+        ];
+        let probe = Probe::Http {
+            addr: admin_addr,
+            path: "/commands/ruok",
+            check: is_serving,
+        };
+        let mut process = ServerProcess::spawn("zookeeper", java, args, dir.path(), probe);
+        process.wait_ready().await;
+        ZookeeperServer {
+            process,
+            client_addr,
+            _dir: dir,
+        }
+    }
+
+    /// The client address, e.g. to put a `Proxy` in front of it.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// The connect string: `127.0.0.1:PORT`.
+    pub fn connect_string(&self) -> String {
+        self.client_addr.to_string()
+    }
+
+    /// The process, to kill, pause, resume or restart it.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// The server's class path; panics with the install hint when the package is missing.
+fn classpath() -> String {
+    let mut jars = vec![PathBuf::from(ZOOKEEPER_JAR)];
+    jars.extend(EXTRA_JARS.iter().map(PathBuf::from));
+    for jar in &jars {
+        assert!(
+            jar.exists(),
+            "{} not found: ZooKeeper is not installed; install the test servers with `{INSTALL_HINT}`",
+            jar.display()
+        );
+    }
+    jars.iter()
+        .map(|jar| jar.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn config_text(dir: &Path, client: SocketAddr, admin: SocketAddr) -> String {
+    format!(
+        "tickTime={TICK_MS}\n\
+         dataDir={data}\n\
+         clientPortAddress={client_ip}\n\
+         clientPort={client_port}\n\
+         minSessionTimeout={MIN_SESSION_TIMEOUT_MS}\n\
+         maxSessionTimeout={MAX_SESSION_TIMEOUT_MS}\n\
+         maxClientCnxns=0\n\
+         admin.enableServer=true\n\
+         admin.serverAddress={admin_ip}\n\
+         admin.serverPort={admin_port}\n\
+         4lw.commands.whitelist=ruok,srvr,cons\n",
+        data = dir.join("data").display(),
+        client_ip = client.ip(),
+        client_port = client.port(),
+        admin_ip = admin.ip(),
+        admin_port = admin.port(),
+    )
+}
+
+/// Whether the AdminServer's `ruok` answer says the server serves requests: no error.
+fn is_serving(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .is_ok_and(|json| json["command"] == "ruok" && json["error"].is_null())
+}

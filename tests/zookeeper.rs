@@ -1,0 +1,1 @@
+//! ZooKeeper-specific tests against a real server.
