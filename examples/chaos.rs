@@ -15,7 +15,9 @@
 //! library campaign, `chaos candidate …`; default cli),
 //! `--faults N` per backend (default 20), `--seed S` (default 1), `--candidates N` (default
 //! 3), `--max-time SECS` per backend (default 1200), `--kinds a,b` (fault names, default all
-//! that apply), `--keep DIR` (keep the histories in DIR/<backend>/). `chaos check DIR` checks
+//! that apply), `--keep DIR` (keep the histories in DIR/<backend>/), `--plant fence-off|escape`
+//! (plant a bug in the workers: a fence that accepts every token, or a worker that escapes
+//! its supervisor; the run must then fail). `chaos check DIR` checks
 //! a kept history again. Servers (etcd, consul) are started on free loopback ports in temp
 //! dirs: install them with `scripts/install-test-deps`. Exit code 1 on any violation.
 //!
@@ -42,6 +44,7 @@ use run::{Backend, Config, Fault};
 
 const USAGE: &str = "usage: chaos [--backend file,etcd,etcd-cluster,consul] [--mode cli|library] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
+[--plant fence-off|escape] \
 | chaos check DIR";
 
 fn main() -> ExitCode {
@@ -101,6 +104,7 @@ fn options(args: &[String]) -> Result<Vec<Config>, String> {
         kinds: Vec::new(),
         in_turn: false,
         library: false,
+        plant: None,
         incumbent: PathBuf::new(),
         this: PathBuf::new(),
         keep: None,
@@ -141,6 +145,7 @@ fn options(args: &[String]) -> Result<Vec<Config>, String> {
                     .collect::<Result<_, _>>()?;
             }
             "--keep" => config.keep = Some(PathBuf::from(value)),
+            "--plant" => config.plant = Some(value.clone()),
             "--mode" => {
                 config.library = match value.as_str() {
                     "cli" => false,
@@ -197,13 +202,8 @@ fn run_all(configs: &[Config], args: &[String]) -> ExitCode {
                 .map(|d| format!(", history in {}", d.join(name.replace(' ', "-")).display()))
                 .unwrap_or_default()
         );
-        for note in &outcome.verdict.notes {
-            println!("note: {note}");
-        }
-        for violation in &outcome.verdict.violations {
-            println!("VIOLATION ({name}): {violation}");
-            failed = true;
-        }
+        print!("{}", check::lines(&name, &outcome.verdict));
+        failed |= !outcome.verdict.violations.is_empty();
     }
     println!("\nseed {}; command: {command}\n", configs[0].seed);
     println!("{table}");
@@ -225,16 +225,11 @@ fn recheck(dir: &Path) -> ExitCode {
         }
     };
     let verdict = check::check(&history);
-    for note in &verdict.notes {
-        println!("note: {note}");
-    }
-    for violation in &verdict.violations {
-        println!("VIOLATION: {violation}");
-    }
     let name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    print!("{}", check::lines(&name, &verdict));
     println!(
         "{}{}",
         check::TABLE_HEADER,

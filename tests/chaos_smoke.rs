@@ -118,6 +118,7 @@ fn main() -> ExitCode {
             incumbent: PathBuf::from(env!("CARGO_BIN_EXE_incumbent")),
             this: me.clone(),
             keep: None,
+            plant: None,
         };
         let name = config.label();
         let outcome = runtime.block_on(run::run(&config));
@@ -128,13 +129,8 @@ fn main() -> ExitCode {
             eprintln!("chaos_smoke: {name}: only {injected} faults ran");
             failed = true;
         }
-        for note in &outcome.verdict.notes {
-            eprintln!("note: {note}");
-        }
-        for violation in &outcome.verdict.violations {
-            eprintln!("VIOLATION ({name}): {violation}");
-            failed = true;
-        }
+        eprint!("{}", check::lines(&name, &outcome.verdict));
+        failed |= !outcome.verdict.violations.is_empty();
     }
     eprintln!("seed {SEED}\n{table}");
     if failed {

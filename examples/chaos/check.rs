@@ -407,6 +407,26 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
     }
 }
 
+/// The most lines of each kind that [`lines`] shows.
+const SHOWN: usize = 20;
+
+/// The verdict's frozen-supervisor overlaps (`note: …`) and violations (`VIOLATION (label): …`),
+/// at most [`SHOWN`] of each, one per line.
+pub fn lines(label: &str, verdict: &Verdict) -> String {
+    let mut out = String::new();
+    let mut list = |prefix: &str, items: &[String]| {
+        for item in items.iter().take(SHOWN) {
+            let _ = writeln!(out, "{prefix}{item}");
+        }
+        if items.len() > SHOWN {
+            let _ = writeln!(out, "{prefix}… and {} more", items.len() - SHOWN);
+        }
+    };
+    list("note: ", &verdict.notes);
+    list(&format!("VIOLATION ({label}): "), &verdict.violations);
+    out
+}
+
 /// The value at quantile `q` of sorted `values` (nearest rank).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {

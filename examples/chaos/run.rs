@@ -198,6 +198,8 @@ pub struct Config {
     pub this: PathBuf,
     /// Keep the history here instead of in a temp dir that is removed.
     pub keep: Option<PathBuf>,
+    /// A bug to plant in the workers ([`crate::worker::PLANT`]), to see the checker fail.
+    pub plant: Option<String>,
 }
 
 impl Config {
@@ -462,9 +464,13 @@ impl World {
             .arg(&self.fence)
             .env_remove("RUST_LOG")
             .env_remove("INCUMBENT_BACKEND")
+            .env_remove(crate::worker::PLANT)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(writer.try_clone().expect("dup the stderr pipe"));
+        if let Some(plant) = &self.config.plant {
+            command.env(crate::worker::PLANT, plant);
+        }
         // SAFETY: the hook only calls prctl(2), which is async-signal-safe.
         unsafe {
             command.pre_exec(|| {

@@ -27,6 +27,15 @@ use std::time::Duration;
 /// How often the worker writes through the fence.
 pub const HEARTBEAT: Duration = Duration::from_millis(10);
 
+/// The environment variable that plants a bug in the worker, to show that the checker
+/// catches it: `fence-off` (the fence accepts every token) or `escape` (the worker forks a
+/// copy of itself into a session of its own, out of the supervisor's reach, which beats on
+/// for up to [`ESCAPE_LIFETIME`]).
+pub const PLANT: &str = "CHAOS_PLANT";
+
+/// How long an escaped copy of a planted worker lives.
+pub const ESCAPE_LIFETIME: Duration = Duration::from_secs(3);
+
 /// The name of the fence's log in the fence directory.
 pub const FENCE_LOG: &str = "fence.log";
 
@@ -88,7 +97,16 @@ pub fn worker(ledger: &Path, fence_dir: &Path) -> i32 {
     if !record(format!("start {} {token} {pid} {ppid}\n", mono_ns())) {
         return 1;
     }
-    while !STOP.load(Ordering::SeqCst) {
+    let mut until = None;
+    if std::env::var(PLANT).as_deref() == Ok("escape") {
+        // SAFETY: this process has one thread; the child only calls setsid and goes on.
+        if unsafe { libc::fork() } == 0 {
+            // SAFETY: setsid has no preconditions.
+            unsafe { libc::setsid() };
+            until = Some(std::time::Instant::now() + ESCAPE_LIFETIME);
+        }
+    }
+    while !STOP.load(Ordering::SeqCst) && until.is_none_or(|t| std::time::Instant::now() < t) {
         let line = match fence.write(token, pid) {
             Ok((at, true)) => format!("beat {at} ok\n"),
             Ok((at, false)) => format!("beat {at} stale\n"),
@@ -154,7 +172,7 @@ impl Fence {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
         let at = mono_ns();
-        let accepted = token >= highest;
+        let accepted = token >= highest || std::env::var(PLANT).as_deref() == Ok("fence-off");
         if accepted && token > highest {
             // Replaced by a rename, so that a kill -9 never leaves a torn value behind.
             let next = self.dir.join(format!("fence.highest.{pid}"));
