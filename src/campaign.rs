@@ -535,6 +535,11 @@ impl<B: Backend> Engine<B> {
                 Err(error) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("error"))
                         .increment(1);
+                    // The store said the session is gone (e.g. etcd's "lease not found"):
+                    // open a new one at once, rather than back off as after a failure.
+                    if health.borrow().lost.is_some() {
+                        return Pursuit::SessionLost;
+                    }
                     let delay = self.failed(&error);
                     self.wait_until(Instant::now() + delay, &mut health).await
                 }
