@@ -6,6 +6,7 @@
 //! | `memory:` | [`MemoryBackend`](crate::memory::MemoryBackend) (this process only) | always |
 //! | `etcd://host:port[,host:port…][/prefix]` | etcd | `etcd` |
 //! | `consul://host:port[/prefix]` | Consul | `consul` |
+//! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //!
 //! # Credentials
 //!
@@ -21,6 +22,7 @@
 //! | `INCUMBENT_ETCD_USER` | etcd | the user name; when set (not empty), it wins over `ETCDCTL_USER` |
 //! | `INCUMBENT_ETCD_PASSWORD` | etcd | the password of `INCUMBENT_ETCD_USER` (empty if unset) |
 //! | `CONSUL_HTTP_TOKEN` | Consul | the ACL token, sent as `X-Consul-Token` |
+//! | `INCUMBENT_ZK_AUTH` | ZooKeeper | `user:password` for ZooKeeper's digest scheme (`addauth digest`) |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
 //!
 //! Empty variables count as unset. `ETCDCTL_USER` without a `:` and without
@@ -78,6 +80,13 @@ pub enum BackendUrl {
         /// Key prefix, if given.
         prefix: Option<String>,
     },
+    /// A ZooKeeper ensemble: its servers (`host:port`) and a chroot.
+    Zookeeper {
+        /// The servers of the connect string.
+        servers: Vec<String>,
+        /// The chroot (`/app`), if given.
+        chroot: Option<String>,
+    },
     /// A Consul agent's HTTP address (`http://host:port`) and a key prefix.
     Consul {
         /// The agent's HTTP address.
@@ -95,12 +104,13 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix] or consul://host:port[/prefix]";
+const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix] or zk://host:port[,host:port][/chroot]";
 
 /// Where credentials go instead of the URL.
 const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
      ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
-     CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul";
+     CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul, \
+     INCUMBENT_ZK_AUTH=user:password for ZooKeeper";
 
 fn bad(reason: String) -> Error {
     Error::InvalidConfig {
@@ -212,7 +222,8 @@ impl FromStr for BackendUrl {
                     })
                 }
             }
-            "zk" | "redis" | "memcached" => Err(bad(format!(
+            "zk" => zk_url(&shown, rest),
+            "redis" | "memcached" => Err(bad(format!(
                 "{shown:?}: the {scheme} backend is not available in this version; {FORMS}"
             ))),
             // Only the scheme is shown: what follows may be a password (`user:password`).
@@ -244,6 +255,16 @@ impl fmt::Display for BackendUrl {
                 endpoints.iter().map(strip).collect::<Vec<_>>().join(","),
                 prefix(p)
             ),
+            BackendUrl::Zookeeper { servers, chroot } => write!(
+                f,
+                "zk://{}{}",
+                servers
+                    .iter()
+                    .map(|s| redact(s))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                chroot.as_deref().map(redact_prefix).unwrap_or_default()
+            ),
             BackendUrl::Consul { address, prefix: p } => {
                 write!(f, "consul://{}{}", strip(address), prefix(p))
             }
@@ -269,6 +290,14 @@ impl fmt::Debug for BackendUrl {
                 )
                 .field("prefix", &prefix(p))
                 .finish(),
+            BackendUrl::Zookeeper { servers, chroot } => f
+                .debug_struct("Zookeeper")
+                .field(
+                    "servers",
+                    &servers.iter().map(|s| redact(s)).collect::<Vec<_>>(),
+                )
+                .field("chroot", &chroot.as_deref().map(redact_prefix))
+                .finish(),
             BackendUrl::Consul { address, prefix: p } => f
                 .debug_struct("Consul")
                 .field("address", &redact(address))
@@ -290,6 +319,9 @@ impl BackendUrl {
             BackendUrl::File { dir } => connect_file(dir.clone(), code).await,
             BackendUrl::Etcd { endpoints, prefix } => {
                 connect_etcd(endpoints, prefix.as_deref(), code).await
+            }
+            BackendUrl::Zookeeper { servers, chroot } => {
+                connect_zookeeper(servers, chroot.as_deref(), code).await
             }
             BackendUrl::Consul { address, prefix } => {
                 connect_consul(address, prefix.as_deref(), code).await
@@ -434,6 +466,54 @@ async fn connect_consul<V: WithBackend>(
     Err(not_compiled("consul"))
 }
 
+/// `zk://host:port[,host:port…][/chroot]`, after the scheme: the servers and chroot.
+fn zk_url(shown: &str, rest: &str) -> Result<BackendUrl> {
+    if rest.contains(['?', '#']) {
+        return Err(bad(format!(
+            "{shown:?}: '?' and '#' are not allowed (no query string, e.g. ?auth=…); write \
+             zk://host:port[,host:port][/chroot], and note that {CREDENTIALS_HINT}"
+        )));
+    }
+    let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
+        return Err(bad(format!(
+            "{shown:?}: write zk://host:port[,host:port][/chroot]"
+        )));
+    };
+    let (hosts, chroot) = hosts_and_prefix(shown, rest)?;
+    if chroot.as_deref().is_some_and(|c| c.contains("//")) {
+        return Err(bad(format!(
+            "{shown:?}: the chroot must be a node path such as /app"
+        )));
+    }
+    Ok(BackendUrl::Zookeeper {
+        servers: hosts
+            .iter()
+            .map(|h| h.trim_start_matches("http://").to_owned())
+            .collect(),
+        chroot: chroot.map(|c| format!("/{}", c.trim_end_matches('/'))),
+    })
+}
+
+#[cfg(feature = "zookeeper")]
+async fn connect_zookeeper<V: WithBackend>(
+    servers: &[String],
+    chroot: Option<&str>,
+    code: V,
+) -> Result<V::Output> {
+    let connect = format!("{}{}", servers.join(","), chroot.unwrap_or_default());
+    let builder = crate::zookeeper::ZookeeperBackend::builder(connect).auth_from_env()?;
+    Ok(code.call(builder.connect().await?).await)
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn connect_zookeeper<V: WithBackend>(
+    _servers: &[String],
+    _chroot: Option<&str>,
+    _code: V,
+) -> Result<V::Output> {
+    Err(not_compiled("zookeeper"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,6 +551,28 @@ mod tests {
     }
 
     #[test]
+    fn zookeeper_urls_name_servers_and_a_chroot() {
+        assert_eq!(
+            "zk://a:2181,b:2181/app/x/".parse::<BackendUrl>().ok(),
+            Some(BackendUrl::Zookeeper {
+                servers: vec!["a:2181".into(), "b:2181".into()],
+                chroot: Some("/app/x".into()),
+            })
+        );
+        let url: BackendUrl = "zk://a:2181".parse().expect("valid");
+        assert_eq!(
+            url,
+            BackendUrl::Zookeeper {
+                servers: vec!["a:2181".into()],
+                chroot: None,
+            }
+        );
+        assert_eq!(url.to_string(), "zk://a:2181");
+        let url: BackendUrl = "zk://a:1,b:2/app".parse().expect("valid");
+        assert_eq!(url.to_string(), "zk://a:1,b:2/app");
+    }
+
+    #[test]
     fn malformed_urls_say_what_to_write() {
         for (url, hint) in [
             ("nothing", "no scheme"),
@@ -481,7 +583,8 @@ mod tests {
             ("etcd://host:0", "not host:port"),
             ("etcd://user:pw@host:2379", "environment"),
             ("consul://a:1,b:2", "one Consul agent"),
-            ("zk://a:2181", "not available"),
+            ("zk://a:2181/app?auth=x", "not allowed"),
+            ("zk://a", "not host:port"),
         ] {
             let err = url.parse::<BackendUrl>().unwrap_err().to_string();
             assert!(err.contains(hint), "{url}: {err}");
