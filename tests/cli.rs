@@ -496,11 +496,11 @@ fn usage_and_configuration_errors_exit_2_with_one_line() {
                 "--election",
                 e,
                 "--backend",
-                "zk://a:2181",
+                "memcached://a:11211",
                 "--",
                 "true",
             ],
-            "zk",
+            "memcached",
         ),
         (vec!["run", "--election", e, "sleep", "1"], "after `--`"),
         (vec!["run", "--election", e], "after `--`"),
@@ -1096,4 +1096,139 @@ fn the_watchdog_kills_the_command_when_the_supervisors_thread_is_frozen() {
     // The candidate is SIGKILLed on drop, which ends the tracing too.
     assert!(killed, "the command outlived the lease by {took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+// ---- failing fast vs retrying: one rule for every backend ----
+
+#[test]
+fn a_lock_directory_that_cannot_be_made_ends_every_subcommand_at_once_with_exit_code_2() {
+    let sandbox = Sandbox::new();
+    let file = sandbox.dir.path().join("not-a-directory");
+    fs::write(&file, b"").expect("a plain file");
+    let bad = format!("file://{}/locks", file.display());
+    let e = ELECTION;
+    for args in [
+        vec!["run", "--election", e, "--backend", &bad, "--", "true"],
+        vec!["status", "--election", e, "--backend", &bad],
+        vec!["observe", "--election", e, "--backend", &bad],
+        vec!["resign", "--election", e, "--backend", &bad],
+    ] {
+        let began = Instant::now();
+        let output = sandbox.output(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "{args:?}: not at once"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot create the lock directory"),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}: prints no leader");
+    }
+}
+
+/// An address on the loopback interface where nothing listens.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+fn unreachable_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let port = listener.local_addr().expect("local address").port();
+    drop(listener);
+    format!("127.0.0.1:{port}")
+}
+
+/// Against a store nobody answers at: `run` keeps trying without --fail-after, and gives up
+/// with exit code 1 after it; `observe` likewise; `status` gives up after --timeout.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
+    let sandbox = Sandbox::new();
+    let e = ELECTION;
+    let mut forever = Guard(
+        sandbox
+            .command(&["run", "--election", e, "--backend", backend, "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn incumbent"),
+    );
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec![
+                "run",
+                "--election",
+                e,
+                "--backend",
+                backend,
+                "--fail-after",
+                "1500ms",
+                "--",
+                "true",
+            ],
+            "--fail-after 1.5s",
+        ),
+        (
+            vec![
+                "observe",
+                "--election",
+                e,
+                "--backend",
+                backend,
+                "--fail-after",
+                "1500ms",
+            ],
+            "--fail-after 1.5s",
+        ),
+        (
+            vec![
+                "status",
+                "--election",
+                e,
+                "--backend",
+                backend,
+                "--timeout",
+                "1500ms",
+            ],
+            "--timeout 1.5s",
+        ),
+    ];
+    for (args, option) in cases {
+        let began = Instant::now();
+        let output = sandbox.output(&args);
+        let took = began.elapsed();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            took >= Duration::from_millis(1500),
+            "{args:?}: gave up after {took:?}, before {option}: {stderr}"
+        );
+        assert!(took < Duration::from_secs(6), "{args:?}: took {took:?}");
+        let last = stderr.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.contains("giving up") && last.contains(option) && last.contains("unavailable"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("retrying in"), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}: prints no leader");
+    }
+    assert!(
+        forever.is_running(),
+        "without --fail-after, `run` keeps trying"
+    );
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn an_unreachable_etcd_is_retried_until_fail_after() {
+    an_unreachable_store_is_retried_until_fail_after(&format!("etcd://{}", unreachable_address()));
+}
+
+#[cfg(feature = "consul")]
+#[test]
+fn an_unreachable_consul_agent_is_retried_until_fail_after() {
+    an_unreachable_store_is_retried_until_fail_after(&format!(
+        "consul://{}",
+        unreachable_address()
+    ));
 }

@@ -3,9 +3,9 @@
 //! ```text
 //! incumbent run     [--backend URL] --election NAME [--id ID] [--meta KEY=VALUE]…
 //!                   [--ttl DUR] [--lock-delay DUR] [--grace DUR] [--exit-with-child]
-//!                   [--pass-credentials] -- CMD [ARG]…
+//!                   [--fail-after DUR] [--pass-credentials] -- CMD [ARG]…
 //! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
-//! incumbent observe [--backend URL] --election NAME [--json]
+//! incumbent observe [--backend URL] --election NAME [--json] [--fail-after DUR]
 //! incumbent resign  [--backend URL] --election NAME [--timeout DUR]
 //! global options:   [--log-format text|json] [--quiet]
 //! ```
@@ -59,17 +59,25 @@
 //!
 //! The backend comes from `--backend` or `INCUMBENT_BACKEND` (default `file:`, the default lock
 //! directory): see `incumbent::url`. Credentials come only from the environment.
+//! Failing fast or retrying is one rule for every backend: a permanent error (a lock
+//! directory that cannot be made, credentials the store refuses, an invalid configuration)
+//! ends the program at once with exit code 2 (`run` opens one session and reads the leader
+//! once before campaigning, to find them); a store that cannot be reached is retried with
+//! back-off, until `--fail-after` (`run`, `observe`; default: for ever) or `--timeout`
+//! (`status`, `resign`), then exit code 1.
 //! Durations are written like `500ms`, `10s`, `2m`, `1h`, `1m30s` or `1h 30min` (see the
 //! `humantime` crate), at most a year; a longer one is a usage error (exit code 2).
 //!
 //! Exit codes:
 //! - `0`: success: `run` shut down gracefully (SIGINT, SIGTERM or SIGHUP); `status` printed
 //!   the leader, or that nobody leads; `observe` was interrupted; `resign` saw the leader go;
-//! - `1`: a run-time failure: the store failed, the command could not be started, the leader
+//! - `1`: a run-time failure: the store could not be reached for longer than `--fail-after`
+//!   (`run`, `observe`) or `--timeout` (`status`, `resign`), the command could not be started, the leader
 //!   could not be asked to resign (or its pid did not check out), nobody leads; `run` ended
 //!   by a second signal before the lock was released;
 //! - `2`: a usage or configuration error: bad options, a malformed backend URL, a backend not
-//!   compiled in, an invalid election name or timing, a command not found;
+//!   compiled in, an invalid election name or timing, a command not found, a lock directory
+//!   that cannot be made, credentials the store refuses;
 //! - with `--exit-with-child`: the command's own exit status (128 + N if signal N killed it).
 
 // This file is the crate root of the binary: its modules live in `src/bin/incumbent/`.
@@ -83,6 +91,8 @@ mod log;
 mod process;
 #[path = "incumbent/report.rs"]
 mod report;
+#[path = "incumbent/retry.rs"]
+mod retry;
 #[path = "incumbent/run.rs"]
 mod run;
 #[path = "incumbent/watchdog.rs"]
@@ -96,6 +106,7 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand};
 use incumbent::url::BackendUrl;
+use tokio::time::Instant;
 
 use crate::report::{LogFormat, Reporter};
 
@@ -119,8 +130,16 @@ struct Cli {
 }
 
 const EXIT_CODES: &str = "\
-Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures; \
-2 for usage and configuration errors; with `run --exit-with-child`, the command's own status.";
+Failing fast or retrying, the same on every backend: a permanent error (bad options, a lock \
+directory that cannot be made, credentials the store refuses, an invalid configuration) \
+ends the program at once, with exit code 2; a store that cannot be reached (connection \
+refused, no answer in time) is tried again with back-off: by `run` and `observe` until \
+--fail-after (by default for ever), by `status` and `resign` until --timeout; then exit \
+code 1.
+
+Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures (the \
+store unreachable for longer than --fail-after or --timeout); 2 for usage and configuration \
+errors; with `run --exit-with-child`, the command's own status.";
 
 const RUN_HELP: &str = "\
 The command's environment: INCUMBENT_ELECTION, INCUMBENT_CANDIDATE (this candidate's id), \
@@ -155,9 +174,18 @@ resigns; it runs the command again when re-elected (after repeated exits within 
 after a delay of 1s doubling up to 30s). If this process dies, even by SIGKILL, the command is \
 killed too (Linux).
 
-Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures (and after a second SIGINT or \
-SIGTERM, when the lock could not be released within 1s); 2 for usage and configuration \
-errors; with --exit-with-child, the command's own status (128+N after signal N).";
+Failing fast or retrying: before campaigning, `run` opens one session and reads the leader \
+once. A permanent error there (a lock directory that cannot be made, credentials the store \
+refuses, an invalid configuration) exits at once with code 2. A store that cannot be \
+reached is retried with back-off, then and while campaigning; with --fail-after DUR, `run` \
+gives up (exit code 1) once the store has failed for DUR in a row while this process does \
+not lead (a leader's term ends by itself when its renewals fail: see above).
+
+Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures (the store unreachable for \
+longer than --fail-after; after a second SIGINT or SIGTERM, when the lock could not be \
+released within 1s); 2 for usage and configuration errors (including a bad lock directory \
+or refused credentials); with --exit-with-child, the command's own status (128+N after \
+signal N).";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -225,6 +253,11 @@ struct RunArgs {
     /// (instead of resigning and running it again when re-elected).
     #[arg(long)]
     exit_with_child: bool,
+    /// Give up (exit code 1) when the store has been unreachable this long in a row, while
+    /// not leading [default: keep trying]. Permanent errors (a lock directory that cannot be
+    /// made, refused credentials, an invalid configuration) end the program at once anyway.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    fail_after: Option<Duration>,
     /// Let the command inherit the store's credentials (INCUMBENT_ETCD_USER,
     /// INCUMBENT_ETCD_PASSWORD, CONSUL_HTTP_TOKEN, ETCDCTL_*, …), which it does not by default.
     #[arg(long)]
@@ -241,7 +274,7 @@ struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// How long to wait for the store.
+    /// How long to keep trying a store that cannot be reached (then exit code 1).
     #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
     timeout: Duration,
 }
@@ -253,6 +286,10 @@ struct ObserveArgs {
     /// Print one JSON object per line.
     #[arg(long)]
     json: bool,
+    /// Give up (exit code 1) when the store has been unreachable this long in a row
+    /// [default: keep trying].
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    fail_after: Option<Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -295,12 +332,15 @@ impl From<incumbent::Error> for Failure {
             // The library's message promises a retry; this program gives up instead.
             return Failure::Runtime(format!("{backend} is unavailable: {reason}"));
         }
+        // Configuration the operator must fix: options, the lock directory, the credentials.
         if matches!(
             error,
             E::InvalidElectionName { .. }
                 | E::InvalidCandidate { .. }
                 | E::InvalidTiming { .. }
                 | E::InvalidConfig { .. }
+                | E::Io { .. }
+                | E::Unauthorized { .. }
         ) {
             Failure::Usage(error.to_string())
         } else {
@@ -362,7 +402,23 @@ fn main() -> ExitCode {
 /// How long the program waits, when it exits, for its last log lines to be written.
 const LAST_LINES_WAIT: Duration = Duration::from_millis(500);
 
+/// Connects to the backend and runs `code`, retrying while the store cannot be reached (see
+/// [`retry`]); the time spent counts from `since`.
+async fn connect<V>(
+    url: &BackendUrl,
+    code: &V,
+    patience: retry::Patience,
+    since: Instant,
+    out: &Reporter,
+) -> Result<V::Output, Failure>
+where
+    V: incumbent::url::WithBackend + Clone,
+{
+    patience.run(since, out, || url.connect(code.clone())).await
+}
+
 async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
+    let began = Instant::now();
     match command {
         Command::Run(args) => {
             let (url, election) = target(&args.target)?;
@@ -379,37 +435,59 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 pass_credentials: args.pass_credentials,
                 program,
                 args: args.command.into_iter().skip(1).collect(),
-                out,
+                patience: retry::Patience {
+                    fail_after: args.fail_after,
+                    option: "--fail-after",
+                },
+                began,
+                out: out.clone(),
             };
-            url.connect(run).await?
+            connect(&url, &run, run.patience, began, &out).await?
         }
         Command::Status(args) => {
             let (url, election) = target(&args.target)?;
-            url.connect(inspect::Status {
+            let patience = retry::Patience {
+                fail_after: Some(args.timeout),
+                option: "--timeout",
+            };
+            let status = inspect::Status {
                 election,
                 json: args.json,
                 timeout: args.timeout,
-            })
-            .await?
+                began,
+                out: out.clone(),
+            };
+            connect(&url, &status, patience, began, &out).await?
         }
         Command::Observe(args) => {
             let (url, election) = target(&args.target)?;
-            url.connect(inspect::Observe {
+            let patience = retry::Patience {
+                fail_after: args.fail_after,
+                option: "--fail-after",
+            };
+            let observe = inspect::Observe {
                 election,
                 json: args.json,
-                out,
-            })
-            .await?
+                patience,
+                began,
+                out: out.clone(),
+            };
+            connect(&url, &observe, patience, began, &out).await?
         }
         Command::Resign(args) => {
             let (url, election) = target(&args.target)?;
-            url.clone()
-                .connect(inspect::Resign {
-                    election,
-                    backend: url,
-                    timeout: args.timeout,
-                })
-                .await?
+            let patience = retry::Patience {
+                fail_after: Some(args.timeout),
+                option: "--timeout",
+            };
+            let resign = inspect::Resign {
+                election,
+                backend: url.clone(),
+                timeout: args.timeout,
+                began,
+                out: out.clone(),
+            };
+            connect(&url, &resign, patience, began, &out).await?
         }
     }
 }

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use incumbent::Leader;
-use incumbent::backend::{Backend, Observer};
+use incumbent::backend::{Backend, Observer, Session, SessionOptions};
 use incumbent::url::{BackendUrl, WithBackend};
 use serde_json::json;
 use tokio::signal::unix::{SignalKind, signal};
@@ -12,29 +12,53 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::Failure;
 use crate::report::{Reporter, human, leader_json, leader_text, rfc3339};
+use crate::retry::{self, Patience};
+
 use crate::run::{RESIGN_KEY, RESIGN_SIGNAL, hostname};
 
 /// How long `observe` waits before reconnecting after the store failed.
 const OBSERVE_RETRY: Duration = Duration::from_secs(1);
 
-/// The current leader, read once with `timeout`.
+/// The current leader, read within `limit` of `began`: a store that cannot be reached is
+/// tried again until then; a permanent error ends the program at once.
 async fn current<B: Backend>(
     backend: &B,
     election: &str,
     limit: Duration,
+    began: Instant,
+    out: &Reporter,
 ) -> Result<(B::Observer, Option<Leader>), Failure> {
-    let read = async {
+    let patience = Patience {
+        fail_after: Some(limit),
+        option: "--timeout",
+    };
+    let read = patience.run(began, out, || async {
+        check_lock_directory(backend).await?;
         let mut observer = backend.observe(election).await?;
         let leader = observer.next().await?;
         Ok::<_, incumbent::Error>((observer, leader))
-    };
-    match timeout(limit, read).await {
-        Ok(read) => Ok(read?),
-        Err(_) => Err(Failure::Runtime(format!(
-            "the store did not answer within {}",
-            human(limit)
-        ))),
+    });
+    match timeout(limit.saturating_sub(began.elapsed()), read).await {
+        Ok(read) => read,
+        Err(_) => Err(patience.gave_up(began.elapsed(), "the store did not answer")),
     }
+}
+
+/// The file backend reads a lock directory that may not exist (nobody has campaigned yet):
+/// opening a session makes it, as `run` would, and fails if it cannot be made, so that a bad
+/// directory is an error rather than "nobody leads". Other stores report their own errors
+/// when read.
+async fn check_lock_directory<B: Backend>(backend: &B) -> incumbent::Result<()> {
+    if backend.info().name != "file" {
+        return Ok(());
+    }
+    let options = SessionOptions {
+        ttl: Duration::from_secs(10),
+        renew_interval: Duration::from_secs(3),
+        lock_delay: None,
+        name: "incumbent:check".into(),
+    };
+    backend.open_session(&options).await?.close().await
 }
 
 /// Writes one line on stdout; `false` once stdout is closed (e.g. `| head -1`).
@@ -43,17 +67,27 @@ fn print(line: &str) -> bool {
 }
 
 /// `incumbent status`.
+#[derive(Clone)]
 pub struct Status {
     pub election: String,
     pub json: bool,
     pub timeout: Duration,
+    pub began: Instant,
+    pub out: Reporter,
 }
 
 impl WithBackend for Status {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let (_, leader) = current(&backend, &self.election, self.timeout).await?;
+        let (_, leader) = current(
+            &backend,
+            &self.election,
+            self.timeout,
+            self.began,
+            &self.out,
+        )
+        .await?;
         if self.json {
             let leader = leader.as_ref().map(leader_json);
             print(&json!({ "election": self.election, "leader": leader }).to_string());
@@ -90,9 +124,13 @@ impl WithBackend for Status {
 }
 
 /// `incumbent observe`.
+#[derive(Clone)]
 pub struct Observe {
     pub election: String,
     pub json: bool,
+    /// `--fail-after`.
+    pub patience: Patience,
+    pub began: Instant,
     pub out: Reporter,
 }
 
@@ -125,29 +163,54 @@ impl WithBackend for Observe {
         let mut terminate = signal(SignalKind::terminate())
             .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
         let out = self.out.for_election(&self.election);
+        // A store that cannot be reached is retried (until --fail-after); any other error ends
+        // the program.
         let follow = async {
             let mut last: Option<Option<Leader>> = None;
+            // Since when the store has failed in a row (the start counts: nothing was read yet).
+            let mut failing_since = Some(self.began);
+            let failed = |e: incumbent::Error, failing_since: &mut Option<Instant>| {
+                if !retry::is_transient(&e) {
+                    return Err(Failure::from(e));
+                }
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                let message = retry::describe(&e);
+                if let Some(limit) = self.patience.fail_after
+                    && since.elapsed() >= limit
+                {
+                    return Err(self.patience.gave_up(since.elapsed(), &message));
+                }
+                out.error(&format!("{message}; retrying in {}", human(OBSERVE_RETRY)));
+                Ok(())
+            };
+            while let Err(e) = check_lock_directory(&backend).await {
+                failed(e, &mut failing_since)?;
+                sleep(OBSERVE_RETRY).await;
+            }
             loop {
                 let mut observer = match backend.observe(&self.election).await {
                     Ok(observer) => observer,
                     Err(e) => {
-                        out.error(&format!("{e}; retrying in {}", human(OBSERVE_RETRY)));
+                        failed(e, &mut failing_since)?;
                         sleep(OBSERVE_RETRY).await;
                         continue;
                     }
                 };
                 loop {
                     match observer.next().await {
-                        // After a reconnect the observer may repeat the leader: show changes only.
-                        Ok(leader) if last.as_ref() == Some(&leader) => {}
+                        // After a reconnect the observer may repeat the leader: show changes
+                        // only. A change is any change: of the leader, its fencing token, its
+                        // metadata, or when its term began.
+                        Ok(leader) if last.as_ref() == Some(&leader) => failing_since = None,
                         Ok(leader) => {
+                            failing_since = None;
                             if !self.show(leader.as_ref()) {
-                                return;
+                                return Ok::<(), Failure>(());
                             }
                             last = Some(leader);
                         }
                         Err(e) => {
-                            out.error(&format!("{e}; retrying in {}", human(OBSERVE_RETRY)));
+                            failed(e, &mut failing_since)?;
                             sleep(OBSERVE_RETRY).await;
                             break;
                         }
@@ -156,7 +219,7 @@ impl WithBackend for Observe {
             }
         };
         tokio::select! {
-            () = follow => {}
+            result = follow => result?,
             _ = interrupt.recv() => {}
             _ = terminate.recv() => {}
         }
@@ -165,19 +228,29 @@ impl WithBackend for Observe {
 }
 
 /// `incumbent resign`.
+#[derive(Clone)]
 pub struct Resign {
     pub election: String,
     /// The backend, as given: the leader's process must use the same.
     pub backend: BackendUrl,
     pub timeout: Duration,
+    pub began: Instant,
+    pub out: Reporter,
 }
 
 impl WithBackend for Resign {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let deadline = Instant::now() + self.timeout;
-        let (mut observer, leader) = current(&backend, &self.election, self.timeout).await?;
+        let deadline = self.began + self.timeout;
+        let (mut observer, leader) = current(
+            &backend,
+            &self.election,
+            self.timeout,
+            self.began,
+            &self.out,
+        )
+        .await?;
         let Some(leader) = leader else {
             return Err(Failure::Runtime(format!(
                 "nobody leads {}; there is nothing to resign",
@@ -274,6 +347,7 @@ const VALUE_OPTIONS: &[&str] = &[
     "--grace",
     "--log-format",
     "--timeout",
+    "--fail-after",
 ];
 
 /// What a leader's command line says, as far as `resign` cares.

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use incumbent::backend::Backend;
+use incumbent::backend::{Backend, Observer, Session, SessionOptions};
 use incumbent::url::WithBackend;
 use incumbent::{CampaignHandle, Election, LeadershipEvent, Status, Term};
 use serde_json::json;
@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::Failure;
 use crate::process::{self, Next, Running};
 use crate::report::{Reporter, human, leader_json, leader_text, millis};
+use crate::retry::Patience;
 use crate::watchdog;
 
 /// The election's grace exceeds the command's by this much, so that the lock is released
@@ -47,6 +48,7 @@ pub const RESIGN_KEY: &str = "resign";
 pub const RESIGN_SIGNAL: &str = "SIGUSR1";
 
 /// The settings of one `incumbent run`.
+#[derive(Clone)]
 pub struct Run {
     pub election: String,
     /// The backend URL, for the log (it holds no credentials).
@@ -61,6 +63,10 @@ pub struct Run {
     pub pass_credentials: bool,
     pub program: PathBuf,
     pub args: Vec<OsString>,
+    /// How long to keep trying a store that cannot be reached.
+    pub patience: Patience,
+    /// When this program began trying.
+    pub began: Instant,
     pub out: Reporter,
 }
 
@@ -68,7 +74,7 @@ impl WithBackend for Run {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let mut builder = Election::builder(backend, &self.election);
+        let mut builder = Election::builder(backend.clone(), &self.election);
         if let Some(id) = &self.id {
             builder = builder.candidate(id);
         }
@@ -87,12 +93,28 @@ impl WithBackend for Run {
             builder = builder.lock_delay(delay);
         }
         let election = builder.build()?;
+        // Pre-flight: one session and one read, before campaigning, so that a permanent error
+        // (a lock directory that cannot be made, refused credentials) ends the program now
+        // instead of being retried by the campaign for ever.
+        let config = election.config();
+        let options = SessionOptions {
+            ttl: config.ttl,
+            renew_interval: config.renew_interval,
+            lock_delay: config.lock_delay,
+            name: format!("incumbent:{}", config.candidate.id),
+        };
+        self.patience
+            .run(self.began, &self.out, || {
+                preflight(&backend, &options, &self.election, &config.candidate)
+            })
+            .await?;
         let signals =
             Signals::new().map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
         if !watchdog::start() {
             return Err(Failure::Runtime("cannot start the watchdog thread".into()));
         }
         Supervisor {
+            fail_after: self.patience.fail_after,
             out: self.out.for_election(&self.election),
             candidate: election.config().candidate.id.clone(),
             ttl: election.config().ttl,
@@ -143,6 +165,8 @@ impl Signals {
 
 struct Supervisor {
     settings: Run,
+    /// `--fail-after`: how long the campaign may fail in a row while not leading.
+    fail_after: Option<Duration>,
     out: Reporter,
     candidate: String,
     signals: Signals,
@@ -190,6 +214,9 @@ struct State {
     waiting_since: Instant,
     /// Another candidate last reported as leader, so each change is reported once.
     shown_leader: Option<String>,
+    /// When `--fail-after` runs out, while the campaign keeps failing and this candidate
+    /// does not lead.
+    fail_at: Option<Instant>,
 }
 
 impl Supervisor {
@@ -219,6 +246,7 @@ impl Supervisor {
             exit_code: 0,
             waiting_since: Instant::now(),
             shown_leader: None,
+            fail_at: None,
         };
         loop {
             tokio::select! {
@@ -236,7 +264,21 @@ impl Supervisor {
                         "stopped without releasing the lock: the campaign did not end in time after a second signal".into(),
                     ));
                 }
-                Ok(()) = status.changed() => self.rearm(&status.borrow_and_update(), &state),
+                Ok(()) = status.changed() => {
+                    let status = status.borrow_and_update();
+                    self.rearm(&status, &state);
+                    state.fail_at = self.fail_at(&status, &state);
+                }
+                () = sleep_until_some(state.fail_at), if !state.shutting_down => {
+                    state.fail_at = None;
+                    let problem = status.borrow().problem.clone();
+                    if let Some(problem) = problem.filter(|_| !state.leading) {
+                        let failing = problem.since.elapsed();
+                        let message = self.settings.patience.gave_up(failing, &problem.message);
+                        self.out.error(&format!("{}; shutting down", message.message()));
+                        shut_down(&mut state, &handle, 1);
+                    }
+                }
                 event = campaign.recv() => match event {
                     Some(event) => self.on_event(event, &mut state, &handle, &status),
                     None if state.shutting_down => {
@@ -431,6 +473,17 @@ impl Supervisor {
                 );
             }
         }
+    }
+
+    /// When to give up, by `--fail-after`: the campaign has had a problem since some instant
+    /// and this candidate holds no term. `None` while leading, or without a problem.
+    fn fail_at(&self, status: &Status, state: &State) -> Option<Instant> {
+        let limit = self.fail_after?;
+        if state.leading || state.running.is_some() || state.shutting_down {
+            return None;
+        }
+        let problem = status.problem.as_ref()?;
+        problem.since.checked_add(limit)
     }
 
     /// Keeps the watchdog armed at the lease's last safe instant while the command's term
@@ -639,6 +692,24 @@ impl Supervisor {
             );
         }
     }
+}
+
+/// One session opened and closed, one claim prepared, and one read of the leader: what the
+/// campaign will do first, so that its errors show before it starts.
+async fn preflight<B: Backend>(
+    backend: &B,
+    options: &SessionOptions,
+    election: &str,
+    candidate: &incumbent::Candidate,
+) -> incumbent::Result<()> {
+    let session = backend.open_session(options).await?;
+    let contended = session.contend(election, candidate).await.map(drop);
+    let closed = session.close().await;
+    contended?;
+    closed?;
+    let mut observer = backend.observe(election).await?;
+    observer.next().await?;
+    Ok(())
 }
 
 /// Starts a graceful shutdown: the campaign ends the term (the command is stopped when it
