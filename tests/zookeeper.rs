@@ -1,1 +1,320 @@
-//! ZooKeeper-specific tests against a real server.
+//! The ZooKeeper backend against a real ZooKeeper server: what is particular to ZooKeeper
+//! (predecessor watches that wake one candidate, czxids as fencing tokens, sessions that
+//! expire or survive a reconnect, digest ACLs and chroots, the negotiated timeout). The
+//! behaviour every backend shares is in the conformance suite.
+
+mod support;
+
+use std::time::Duration;
+
+use incumbent::backend::{
+    Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
+};
+use incumbent::zookeeper::ZookeeperBackend;
+use incumbent::{DemotionReason, Election, Error};
+use support::events::{demoted, elected};
+use support::{Proxy, ZookeeperServer};
+use tokio::time::{sleep, timeout};
+use zookeeper_client as zk;
+
+/// The session timeout of most tests.
+const TTL: Duration = Duration::from_secs(2);
+/// How long any expected event may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn connect(connect_string: &str) -> ZookeeperBackend {
+    ZookeeperBackend::builder(connect_string)
+        .connect_timeout(Duration::from_secs(2))
+        .request_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect to zookeeper")
+}
+
+fn options(ttl: Duration) -> SessionOptions {
+    SessionOptions {
+        ttl,
+        renew_interval: ttl / 3,
+        lock_delay: None,
+        name: "test".to_owned(),
+    }
+}
+
+fn candidate(id: &str) -> Candidate {
+    Candidate {
+        id: id.to_owned(),
+        metadata: Default::default(),
+    }
+}
+
+fn election(backend: &ZookeeperBackend, name: &str, id: &str) -> Election<ZookeeperBackend> {
+    Election::builder(backend.clone(), name)
+        .candidate(id)
+        .ttl(TTL)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(Duration::from_millis(100))
+        .build()
+        .expect("valid election")
+}
+
+/// A plain client, as an operator (or zkCli.sh) would use it.
+async fn operator(server: &ZookeeperServer) -> zk::Client {
+    zk::Client::connect(&server.connect_string())
+        .await
+        .expect("operator client")
+}
+
+/// The children of `path`, sorted.
+async fn children(client: &zk::Client, path: &str) -> Vec<String> {
+    let mut children = client.list_children(path).await.unwrap_or_default();
+    children.sort();
+    children
+}
+
+async fn token(contender: &mut impl Contender) -> u64 {
+    match contender.acquire().await.expect("acquire") {
+        Attempt::Won { fencing_token } => fencing_token,
+        other => panic!("expected to win, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_wakes_only_the_successor() {
+    let server = ZookeeperServer::single().await;
+    let mut contenders = Vec::new();
+    let mut sessions = Vec::new();
+    for id in ["a", "b", "c"] {
+        let backend = connect(&server.connect_string()).await;
+        let session = backend.open_session(&options(TTL)).await.expect("session");
+        contenders.push(
+            session
+                .contend("handoff", &candidate(id))
+                .await
+                .expect("contend"),
+        );
+        sessions.push(session);
+    }
+    let mut c = contenders.pop().expect("c");
+    let mut b = contenders.pop().expect("b");
+    let mut a = contenders.pop().expect("a");
+    let a_token = token(&mut a).await;
+    for follower in [&mut b, &mut c] {
+        match follower.acquire().await.expect("acquire") {
+            Attempt::Held {
+                holder: Some(holder),
+            } => {
+                assert_eq!(holder.candidate.id, "a");
+                assert_eq!(holder.fencing_token, Some(a_token));
+            }
+            other => panic!("expected a to hold, got {other:?}"),
+        }
+    }
+    let b_wait = tokio::spawn(async move {
+        b.wait().await.expect("b waits");
+        b
+    });
+    let c_wait = tokio::spawn(async move {
+        c.wait().await.expect("c waits");
+        c
+    });
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !b_wait.is_finished() && !c_wait.is_finished(),
+        "nobody wakes before the hand-off"
+    );
+    a.release().await.expect("release");
+    let mut b = timeout(PATIENCE, b_wait)
+        .await
+        .expect("the successor wakes")
+        .expect("join");
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !c_wait.is_finished(),
+        "the hand-off woke the candidate behind the successor"
+    );
+    let b_token = token(&mut b).await;
+    assert!(b_token > a_token, "tokens grow: {a_token} then {b_token}");
+    c_wait.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_closed_by_another_client_demotes_with_session_expired() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let mut campaign = election(&backend, "expiry", "a").campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    let [handle] = backend.session_handles().try_into().expect("one session");
+    // Attach to the leader's session with its id and password, and close it, as an
+    // operator can: the server deletes its nodes, and the leader's client hears that the
+    // session expired.
+    let takeover = zk::Client::connector()
+        .with_session(handle)
+        .connect(&server.connect_string())
+        .await
+        .expect("attach to the leader's session");
+    drop(takeover);
+    assert_eq!(
+        demoted(&mut campaign, PATIENCE).await,
+        DemotionReason::SessionExpired
+    );
+    assert!(term.is_cancelled());
+    // A new session, a new node, a greater token.
+    let next = elected(&mut campaign, PATIENCE).await;
+    assert!(next.fencing_token() > term.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_deleting_the_leaders_node_demotes_with_key_deleted() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let mut campaign = election(&backend, "deleted", "a").campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    let admin = operator(&server).await;
+    let path = backend.election_path("deleted");
+    let nodes = children(&admin, &path).await;
+    assert_eq!(nodes.len(), 1, "one candidate node: {nodes:?}");
+    admin
+        .delete(&format!("{path}/{}", nodes[0]), None)
+        .await
+        .expect("delete the leader's node");
+    assert_eq!(
+        demoted(&mut campaign, PATIENCE).await,
+        DemotionReason::KeyDeleted
+    );
+    let next = elected(&mut campaign, PATIENCE).await;
+    assert!(next.fencing_token() > term.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_within_the_session_timeout_keeps_one_node() {
+    let server = ZookeeperServer::single().await;
+    let proxy = Proxy::start(server.client_addr());
+    let backend = connect(&proxy.addr().to_string()).await;
+    let session = backend.open_session(&options(TTL)).await.expect("session");
+    let mut contender = session
+        .contend("reconnect", &candidate("a"))
+        .await
+        .expect("contend");
+    let first = token(&mut contender).await;
+    let id = session.session_id();
+    // The connection breaks; the client reconnects with the same session.
+    proxy.reset_all();
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(token(&mut contender).await, first, "the same node leads on");
+    assert_eq!(session.session_id(), id);
+    let admin = operator(&server).await;
+    let nodes = children(&admin, &backend.election_path("reconnect")).await;
+    assert_eq!(nodes.len(), 1, "one node for one candidate: {nodes:?}");
+    assert!(session.health().borrow().lost.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observer_follows_many_changes() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let mut observer = backend.observe("many").await.expect("observe");
+    assert_eq!(observer.next().await.expect("first read"), None);
+    let session = backend.open_session(&options(TTL)).await.expect("session");
+    let mut last = 0;
+    for i in 0..20 {
+        let id = format!("c{i}");
+        let mut contender = session
+            .contend("many", &candidate(&id))
+            .await
+            .expect("contend");
+        let token = token(&mut contender).await;
+        assert!(token > last, "tokens grow");
+        last = token;
+        let seen = timeout(PATIENCE, async {
+            loop {
+                let holder = observer.next().await.expect("next");
+                if let Some(holder) = holder
+                    && holder.candidate.id == id
+                {
+                    return holder;
+                }
+            }
+        })
+        .await
+        .expect("the observer sees each leader");
+        assert_eq!(seen.fencing_token, Some(token));
+        contender.release().await.expect("release");
+    }
+    let gone = timeout(PATIENCE, observer.next()).await.expect("in time");
+    assert_eq!(gone.expect("next"), None, "nobody leads at the end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_and_chroot_protect_the_nodes() {
+    let server = ZookeeperServer::single().await;
+    let connect_string = format!("{}/app", server.connect_string());
+    let backend = ZookeeperBackend::builder(connect_string.clone())
+        .digest_auth("indexer", "s3cret")
+        .connect()
+        .await
+        .expect("connect with digest auth");
+    assert!(!format!("{backend:?}").contains("s3cret"));
+    let mut campaign = election(&backend, "secure", "a").campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    // The nodes live under the chroot, readable only with the credentials.
+    let admin = zk::Client::connector()
+        .with_auth("digest", b"indexer:s3cret")
+        .connect(&server.connect_string())
+        .await
+        .expect("operator client with the credentials");
+    let path = format!("/app{}", backend.election_path("secure"));
+    let nodes = children(&admin, &path).await;
+    assert_eq!(nodes.len(), 1, "one node under the chroot: {nodes:?}");
+    let anonymous = operator(&server).await;
+    let read = anonymous.list_children(&path).await;
+    assert_eq!(read.err(), Some(zk::Error::NoAuth));
+    let stranger = ZookeeperBackend::builder(connect_string)
+        .digest_auth("indexer", "wrong")
+        .connect()
+        .await
+        .expect("connect: digest auth is only checked against ACLs");
+    let mut observer = stranger.observe("secure").await.expect("observe");
+    match observer.next().await {
+        Err(Error::Unauthorized { reason, .. }) => assert!(!reason.contains("wrong")),
+        other => panic!("expected Unauthorized, got {other:?}"),
+    }
+    let mut allowed = backend.observe("secure").await.expect("observe");
+    let holder = allowed.next().await.expect("read").expect("a holder");
+    assert_eq!(holder.fencing_token, Some(term.fencing_token()));
+    drop(campaign);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_negotiated_timeout_is_reported_and_a_shorter_one_refused() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let session = backend.open_session(&options(TTL)).await.expect("session");
+    assert_eq!(session.negotiated_timeout(), TTL);
+    session.close().await.expect("close");
+    // Beyond the server's maxSessionTimeout (60 s in the test server).
+    let long = Duration::from_secs(120);
+    match backend.open_session(&options(long)).await {
+        Err(Error::InvalidTiming { reason }) => assert!(reason.contains("maxSessionTimeout")),
+        other => panic!("expected InvalidTiming, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_fences_the_leader_and_the_term_ends_before_the_session() {
+    let mut server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let mut campaign = election(&backend, "paused", "a").campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    server.process().pause();
+    let paused = tokio::time::Instant::now();
+    let cancelled = timeout(TTL, term.cancelled()).await;
+    server.process().resume();
+    assert!(
+        cancelled.is_ok(),
+        "the term outlived the session timeout ({:?})",
+        paused.elapsed()
+    );
+    // The leader comes back once the server answers again.
+    let event = elected(&mut campaign, PATIENCE).await;
+    assert!(event.fencing_token() >= term.fencing_token());
+}

@@ -254,20 +254,56 @@ impl ZookeeperContender {
 
     /// Whether the session behind our node is known to be gone.
     fn session_gone(&self) -> bool {
-        self.zk.expired()
-            || matches!(
-                self.zk.health().borrow().lost,
-                Some(SessionLoss::Expired | SessionLoss::Unconfirmed)
-            )
+        session_gone(&self.zk)
+    }
+
+    /// Why our node is gone, asking the server: a request on the session answers, or fails
+    /// because the session expired. Bounded by the request timeout; a server that does not
+    /// answer leaves the reason as the client knows it.
+    async fn why_deleted(zk: Arc<Zk>) -> LockLoss {
+        let Ok(client) = zk.client() else {
+            return LockLoss::SessionLost;
+        };
+        let limit = zk.backend.inner.settings.request_timeout;
+        let asked = tokio::time::timeout(limit, async {
+            loop {
+                match client.check_stat("/").await {
+                    Ok(_) => return LockLoss::Deleted,
+                    Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                        return LockLoss::SessionLost;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot check the session after losing the node");
+                        tokio::time::sleep(REARM_PAUSE).await;
+                    }
+                }
+            }
+        })
+        .await;
+        asked.unwrap_or_else(|_| why_gone(&zk))
     }
 
     /// Why our node is gone, without asking the store.
     fn why_gone(&self) -> LockLoss {
-        if self.session_gone() {
-            LockLoss::SessionLost
-        } else {
-            LockLoss::Deleted
-        }
+        why_gone(&self.zk)
+    }
+}
+
+/// Whether the client or the keep-alive already knows that the session is gone.
+fn session_gone(zk: &Zk) -> bool {
+    zk.expired()
+        || matches!(
+            zk.health().borrow().lost,
+            Some(SessionLoss::Expired | SessionLoss::Unconfirmed)
+        )
+}
+
+/// Why a node is gone, as far as the client knows without asking the store.
+fn why_gone(zk: &Zk) -> LockLoss {
+    if session_gone(zk) {
+        LockLoss::SessionLost
+    } else {
+        LockLoss::Deleted
     }
 }
 
@@ -435,10 +471,11 @@ impl Contender for ZookeeperContender {
         }
     }
 
-    /// A deleted node: whether the session behind it is gone, as far as the client knows.
+    /// A deleted node: asks the server whether the session behind it is still alive (a
+    /// closed or expired session's nodes are deleted before its client hears of it).
     async fn explain(&mut self, loss: LockLoss) -> LockLoss {
         match loss {
-            LockLoss::Deleted => self.why_gone(),
+            LockLoss::Deleted => Self::why_deleted(self.zk.clone()).await,
             other => other,
         }
     }

@@ -217,6 +217,19 @@ impl ZookeeperBackend {
             .collect()
     }
 
+    /// The ZooKeeper sessions this backend keeps open, as the client library describes them
+    /// (id and password; the password is not shown by `Debug`). Another client can attach to
+    /// such a session with `zookeeper_client::Connector::with_session`, e.g. to close it as an
+    /// operator would, or in tests to make it expire. Treat it as a credential.
+    pub fn session_handles(&self) -> Vec<zk::SessionInfo> {
+        self.inner
+            .sessions
+            .sessions()
+            .iter()
+            .map(|session| session.info.clone())
+            .collect()
+    }
+
     fn new(settings: Settings, reader: zk::Client) -> ZookeeperBackend {
         ZookeeperBackend {
             inner: Arc::new(Inner {

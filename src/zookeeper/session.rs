@@ -26,6 +26,8 @@ pub(super) type ClientSlot = Arc<Mutex<Option<zk::Client>>>;
 pub(super) struct Zk {
     pub backend: ZookeeperBackend,
     pub id: i64,
+    /// The session's id and password, to re-attach to it.
+    pub info: zk::SessionInfo,
     client: ClientSlot,
     negotiated: Duration,
     keepalive: KeepAlive,
@@ -131,6 +133,7 @@ async fn connect(backend: &ZookeeperBackend, options: &SessionOptions) -> Result
     let client = backend.client(options.ttl).await?;
     let negotiated = client.session_timeout();
     let id = client.session_id().0;
+    let info = client.session().clone();
     if negotiated < options.ttl {
         return Err(Error::InvalidTiming {
             reason: format!(
@@ -154,6 +157,7 @@ async fn connect(backend: &ZookeeperBackend, options: &SessionOptions) -> Result
     Ok(Zk {
         backend: backend.clone(),
         id,
+        info,
         client: slot,
         negotiated,
         keepalive,

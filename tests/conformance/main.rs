@@ -93,9 +93,6 @@ conformance!(
     ]
 );
 
-// No `a_loss_ends_the_term_before_the_store_is_asked_why` for ZooKeeper: its leader loses
-// the lock only with its node, and the node's delete is the answer (no store round trip is
-// ever taken before the term ends, nothing is asked afterwards).
 #[cfg(feature = "zookeeper")]
 conformance!(
     zookeeper,
@@ -109,6 +106,7 @@ conformance!(
         re_election_after_the_store_restarts,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_loss_ends_the_term_before_the_store_is_asked_why,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
     ]

@@ -84,7 +84,7 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// A TCP proxy to `upstream` on a fresh loopback port whose client-to-store direction can be
 /// held back (`cut`: bytes withheld, not lost), while the store-to-client direction always
 /// flows: the store's events reach the client, its requests do not reach the store.
-#[cfg(any(feature = "etcd", feature = "consul"))]
+#[cfg(any(feature = "etcd", feature = "consul", feature = "zookeeper"))]
 async fn deaf_proxy(upstream: std::net::SocketAddr) -> (std::net::SocketAddr, Partition) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
@@ -453,6 +453,31 @@ impl Store for Zookeeper {
         proxy.blackhole(true);
         tokio::time::sleep(self.ttl() + Duration::from_millis(600)).await;
         proxy.blackhole(false);
+    }
+
+    async fn connect_deaf_store(&self) -> (incumbent::zookeeper::ZookeeperBackend, Partition) {
+        let (addr, partition) = deaf_proxy(self.client).await;
+        (Self::backend(addr).await, partition)
+    }
+
+    /// Deletes the leader's node as an operator can: the session lives on, so the server
+    /// answers the leader's question with "alive", and the reason is the delete.
+    async fn take_the_lock_away(
+        &self,
+        backend: &incumbent::zookeeper::ZookeeperBackend,
+    ) -> incumbent::DemotionReason {
+        let admin = zookeeper_client::Client::connect(&self.client.to_string())
+            .await
+            .expect("admin client");
+        let path = backend.election_path(crate::bodies::ELECTION);
+        let mut nodes = admin.list_children(&path).await.expect("list the candidates");
+        nodes.sort_by_key(|name| name.rsplit('-').next().unwrap_or_default().to_owned());
+        let leader = nodes.first().expect("a leader's node");
+        admin
+            .delete(&format!("{path}/{leader}"), None)
+            .await
+            .expect("delete the leader's node");
+        incumbent::DemotionReason::KeyDeleted
     }
 
     /// Restarts the server on the same port and data directory: nodes and sessions survive
