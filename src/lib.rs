@@ -177,8 +177,9 @@
 //! | `file` | `file` (default) | processes of one host, through a lock file; no server |
 //! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, predecessor watches |
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
+//! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |
 //!
-//! ZooKeeper, Redis and memcached backends are planned; no feature exists for them yet.
+//! ZooKeeper and memcached backends are planned; no feature exists for them yet.
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
 //! means implementing the contract in [`backend`].
 //!
@@ -204,6 +205,8 @@ pub mod file;
 pub mod http;
 pub mod memory;
 pub mod metrics;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod term;
 pub mod time;
 pub mod url;

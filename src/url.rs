@@ -6,6 +6,7 @@
 //! | `memory:` | [`MemoryBackend`](crate::memory::MemoryBackend) (this process only) | always |
 //! | `etcd://host:port[,host:port…][/prefix]` | etcd | `etcd` |
 //! | `consul://host:port[/prefix]` | Consul | `consul` |
+//! | `redis://host:port[/db]` | Redis (database `db`, default 0; `rediss://` (TLS) is not supported yet) | `redis` |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //!
 //! # Credentials
@@ -23,6 +24,9 @@
 //! | `INCUMBENT_ETCD_PASSWORD` | etcd | the password of `INCUMBENT_ETCD_USER` (empty if unset) |
 //! | `CONSUL_HTTP_TOKEN` | Consul | the ACL token, sent as `X-Consul-Token` |
 //! | `INCUMBENT_ZK_AUTH` | ZooKeeper | `user:password` for ZooKeeper's digest scheme (`addauth digest`) |
+//! | `INCUMBENT_REDIS_USER` | Redis | the ACL user name (Redis 6 and later); unset: `AUTH` with the password alone |
+//! | `INCUMBENT_REDIS_PASSWORD` | Redis | the password; when set (not empty), it wins over `REDISCLI_AUTH` |
+//! | `REDISCLI_AUTH` | Redis | the password, as `redis-cli` reads it |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
 //!
 //! Empty variables count as unset. `ETCDCTL_USER` without a `:` and without
@@ -94,6 +98,13 @@ pub enum BackendUrl {
         /// Key prefix, if given.
         prefix: Option<String>,
     },
+    /// A Redis server (`host:port`) and database number.
+    Redis {
+        /// The server's address, `host:port`.
+        address: String,
+        /// The database number.
+        db: i64,
+    },
 }
 
 /// Code to run with whichever backend a [`BackendUrl`] names.
@@ -104,13 +115,14 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix] or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix], redis://host:port[/db] or zk://host:port[,host:port][/chroot]";
 
 /// Where credentials go instead of the URL.
 const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
      ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
      CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul, \
-     INCUMBENT_ZK_AUTH=user:password for ZooKeeper";
+     INCUMBENT_ZK_AUTH=user:password for ZooKeeper, \
+     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis";
 
 fn bad(reason: String) -> Error {
     Error::InvalidConfig {
@@ -223,8 +235,13 @@ impl FromStr for BackendUrl {
                 }
             }
             "zk" => zk_url(&shown, rest),
-            "redis" | "memcached" => Err(bad(format!(
+            "memcached" => Err(bad(format!(
                 "{shown:?}: the {scheme} backend is not available in this version; {FORMS}"
+            ))),
+            "redis" => redis_url(&shown, rest),
+            "rediss" => Err(bad(format!(
+                "{shown:?}: TLS to Redis (rediss://) is not supported yet; reach Redis over \
+                 a trusted network or a TLS tunnel (stunnel, spiped), as redis://host:port[/db]"
             ))),
             // Only the scheme is shown: what follows may be a password (`user:password`).
             other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
@@ -268,6 +285,7 @@ impl fmt::Display for BackendUrl {
             BackendUrl::Consul { address, prefix: p } => {
                 write!(f, "consul://{}{}", strip(address), prefix(p))
             }
+            BackendUrl::Redis { address, db } => write!(f, "redis://{}/{db}", redact(address)),
         }
     }
 }
@@ -303,6 +321,11 @@ impl fmt::Debug for BackendUrl {
                 .field("address", &redact(address))
                 .field("prefix", &prefix(p))
                 .finish(),
+            BackendUrl::Redis { address, db } => f
+                .debug_struct("Redis")
+                .field("address", &redact(address))
+                .field("db", db)
+                .finish(),
         }
     }
 }
@@ -326,6 +349,7 @@ impl BackendUrl {
             BackendUrl::Consul { address, prefix } => {
                 connect_consul(address, prefix.as_deref(), code).await
             }
+            BackendUrl::Redis { address, db } => connect_redis(address, *db, code).await,
         }
     }
 }
@@ -398,6 +422,69 @@ fn consul_token(
         }
     }
     Ok(var("CONSUL_HTTP_TOKEN"))
+}
+
+/// `redis://host:port[/db]`, after the scheme: the address and database.
+fn redis_url(shown: &str, rest: &str) -> Result<BackendUrl> {
+    if rest.contains(['?', '#']) {
+        return Err(bad(format!(
+            "{shown:?}: '?' and '#' are not allowed (no query string, e.g. ?password=…); \
+             write redis://host:port[/db], and note that {CREDENTIALS_HINT}"
+        )));
+    }
+    let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
+        return Err(bad(format!("{shown:?}: write redis://host:port[/db]")));
+    };
+    let (host, db) = match rest.split_once('/') {
+        Some((host, "")) => (host, 0),
+        Some((host, db)) => match db.parse::<i64>() {
+            Ok(db) if db >= 0 => (host, db),
+            _ => {
+                return Err(bad(format!(
+                    "{shown:?}: {db:?} is not a database number; write redis://host:port[/db]"
+                )));
+            }
+        },
+        None => (rest, 0),
+    };
+    let (hosts, _) = hosts_and_prefix(shown, host)?;
+    if hosts.len() > 1 {
+        return Err(bad(format!(
+            "{shown:?}: name one Redis server, the primary (Redis Cluster is not supported)"
+        )));
+    }
+    Ok(BackendUrl::Redis {
+        address: host.to_owned(),
+        db,
+    })
+}
+
+/// The Redis user and password from the environment (see the [module docs](self)), read
+/// through `var`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn redis_credentials(var: impl Fn(&str) -> Option<String>) -> (Option<String>, Option<String>) {
+    let password = var("INCUMBENT_REDIS_PASSWORD").or_else(|| var("REDISCLI_AUTH"));
+    (var("INCUMBENT_REDIS_USER"), password)
+}
+
+#[cfg(feature = "redis")]
+async fn connect_redis<V: WithBackend>(address: &str, db: i64, code: V) -> Result<V::Output> {
+    use crate::redis::{RedisBackend, RedisConfig};
+    let mut config = RedisConfig::new(address).db(db);
+    let (user, password) = redis_credentials(env);
+    if let Some(user) = user {
+        config = config.username(user);
+    }
+    if let Some(password) = password {
+        config = config.password(password);
+    }
+    let backend = RedisBackend::builder(config).connect().await?;
+    Ok(code.call(backend).await)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis<V: WithBackend>(_address: &str, _db: i64, _code: V) -> Result<V::Output> {
+    Err(not_compiled("redis"))
 }
 
 #[cfg(all(feature = "file", unix))]
@@ -570,6 +657,55 @@ mod tests {
         assert_eq!(url.to_string(), "zk://a:2181");
         let url: BackendUrl = "zk://a:1,b:2/app".parse().expect("valid");
         assert_eq!(url.to_string(), "zk://a:1,b:2/app");
+    }
+
+    #[test]
+    fn redis_urls_name_a_server_and_a_database() {
+        assert_eq!(
+            "redis://127.0.0.1:6379/2".parse::<BackendUrl>().ok(),
+            Some(BackendUrl::Redis {
+                address: "127.0.0.1:6379".into(),
+                db: 2
+            })
+        );
+        assert_eq!(
+            "redis://h:6379".parse::<BackendUrl>().ok(),
+            Some(BackendUrl::Redis {
+                address: "h:6379".into(),
+                db: 0
+            })
+        );
+        for (url, hint) in [
+            ("redis://h:6379/x", "database number"),
+            ("redis://h", "not host:port"),
+            ("redis://a:1,b:2", "one Redis server"),
+            ("rediss://h:6379", "not supported"),
+            ("redis://:s3cret@h:6379", "REDISCLI_AUTH"),
+            ("redis://h:6379/0?password=s3cret", "REDISCLI_AUTH"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            assert!(err.contains(hint), "{url}: {err}");
+            assert!(!err.contains("s3cret"), "{url}: {err}");
+        }
+        let url: BackendUrl = "redis://h:6379/3".parse().expect("valid");
+        assert_eq!(url.to_string(), "redis://h:6379/3");
+    }
+
+    #[test]
+    fn redis_credentials_come_from_the_environment() {
+        assert_eq!(redis_credentials(vars(&[])), (None, None));
+        assert_eq!(
+            redis_credentials(vars(&[("REDISCLI_AUTH", "pw")])),
+            (None, Some("pw".into()))
+        );
+        assert_eq!(
+            redis_credentials(vars(&[
+                ("REDISCLI_AUTH", "pw"),
+                ("INCUMBENT_REDIS_USER", "app"),
+                ("INCUMBENT_REDIS_PASSWORD", "apppw"),
+            ])),
+            (Some("app".into()), Some("apppw".into()))
+        );
     }
 
     #[test]

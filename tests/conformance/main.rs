@@ -111,3 +111,26 @@ conformance!(
         the_status_stops_saying_leader_with_the_term,
     ]
 );
+
+// Redis restarted without persistence loses the key and the fencing counter: the restart
+// body checks that exactly one candidate leads again with a greater token (the acquisition
+// raises the counter to the highest token the candidate saw). No
+// `a_session_expired_while_waiting_never_leads`: a Redis session is the renewal of the keys it
+// holds, and one that waits holds none, so there is nothing in Redis to expire. No
+// `a_loss_ends_the_term_before_the_store_is_asked_why`: a loss is seen by the renewal itself.
+#[cfg(feature = "redis")]
+conformance!(
+    redis,
+    crate::stores::Redis,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
+    ]
+);

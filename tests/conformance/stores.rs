@@ -486,3 +486,60 @@ impl Store for Zookeeper {
         server.process().restart().await;
     }
 }
+
+/// Redis: a `redis-server` per test on loopback, without persistence, with keyspace
+/// notifications on (tests/redis.rs covers polling).
+#[cfg(feature = "redis")]
+#[derive(Clone)]
+pub struct Redis {
+    addr: std::net::SocketAddr,
+}
+
+#[cfg(feature = "redis")]
+impl Redis {
+    async fn backend(addr: std::net::SocketAddr) -> incumbent::redis::RedisBackend {
+        incumbent::redis::RedisBackend::builder(incumbent::redis::RedisConfig::new(
+            addr.to_string(),
+        ))
+        .notifications(incumbent::redis::Notifications::IfEnabled)
+        .connect()
+        .await
+        .expect("connect to redis")
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Store for Redis {
+    type Backend = incumbent::redis::RedisBackend;
+    type Server = crate::support::RedisServer;
+
+    async fn start() -> (Self, crate::support::RedisServer) {
+        let server = crate::support::RedisServer::with_notifications().await;
+        let addr = server.addr();
+        (Redis { addr }, server)
+    }
+
+    async fn connect(&self) -> incumbent::redis::RedisBackend {
+        Self::backend(self.addr).await
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// A backend that reaches Redis through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::redis::RedisBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.addr));
+        let backend = Self::backend(proxy.addr()).await;
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Restarts the server on the same port. It keeps no data: it comes back empty.
+    async fn restart(server: &mut crate::support::RedisServer) {
+        server.process().restart().await;
+    }
+}

@@ -19,6 +19,7 @@ pub mod http;
 pub mod net;
 pub mod process;
 pub mod proxy;
+pub mod redis;
 pub mod zookeeper;
 
 // Not every test file uses every type.
@@ -28,5 +29,6 @@ pub use self::{
     etcd::{EtcdCluster, EtcdServer},
     process::{Probe, ServerProcess},
     proxy::Proxy,
+    redis::RedisServer,
     zookeeper::ZookeeperServer,
 };

@@ -1,0 +1,579 @@
+//! The Redis backend: one key per election, taken with `SET NX PX` in a Lua script that also
+//! bumps the election's fencing counter, renewed by one script per process.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use incumbent::Election;
+//! use incumbent::redis::{RedisBackend, RedisConfig};
+//!
+//! let backend = RedisBackend::builder(
+//!     RedisConfig::new("redis.internal:6379")
+//!         .db(2)
+//!         .username("indexer")
+//!         .password(std::env::var("REDIS_PASSWORD")?),
+//! )
+//! .prefix("services/indexer/")
+//! .connect()
+//! .await?;
+//!
+//! let election = Election::builder(backend, "jobs/index-builder")
+//!     .candidate("host-a:8080")
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?;
+//! election
+//!     .run(|term| async move {
+//!         // pass term.fencing_token() with every write; stop when term.cancelled() fires
+//!         term.cancelled().await;
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! For a local server without a password, `RedisBackend::connect("127.0.0.1:6379").await?`
+//! is all it takes.
+//!
+//! # Read this first: what one Redis cannot promise
+//!
+//! Redis is not a consensus system. A lock in Redis is as good as the one server that holds
+//! it, and lives only in its memory:
+//!
+//! - **Restart without persistence** (no RDB, no AOF, or an AOF with `appendfsync` other than
+//!   `always`): the lock key and the fencing counter are gone. The leader learns it at its
+//!   next renewal (a third of the ttl at most) and ends its term; until then another
+//!   candidate may already hold the new key. Its worker is cancelled then, not before: only
+//!   the fencing token protects the downstream system in that window.
+//! - **Failover** (Sentinel, or a replica promoted by hand): replication is asynchronous, so
+//!   the promoted replica may not have the lock key, or may not have the last `INCR` of the
+//!   counter. Two candidates can then both believe they lead for up to a renewal interval,
+//!   and without fencing both would write. `WAIT` does not close this window (a write
+//!   acknowledged by a replica can still be lost when a different one is promoted).
+//! - **Eviction**: a server with a `maxmemory-policy` other than `noeviction` (or
+//!   `volatile-*` policies, which pick keys with a ttl, like ours) may drop the lock key
+//!   under memory pressure. Run elections on a server with `noeviction`.
+//! - **Cluster**: not supported; connect to one primary.
+//!
+//! ## Why no Redlock
+//!
+//! Redlock (a majority of N independent Redis servers) narrows the failover window, but it
+//! depends on bounded clock drift, bounded pauses and bounded network delay for its safety,
+//! and it hands out no fencing token: a client paused (GC, swap, SIGSTOP) past its lock's
+//! validity wakes up and writes, whatever the lock servers agree on. Martin Kleppmann's
+//! "How to do distributed locking" makes the case; this backend takes it: the safety of
+//! what the leader writes rests on the **fencing token**, checked by the store it writes
+//! to, and the lock is what makes a second leader rare, not impossible. For a lock whose
+//! loss must not be possible in these ways, use etcd, Consul or ZooKeeper.
+//!
+//! # How it works
+//!
+//! - **Acquire.** One Lua script: if the election's key `<prefix><election>` does not exist,
+//!   `INCR` the election's counter `<prefix><election>:fencing` and `SET key value NX PX ttl`,
+//!   atomically, where the value is the candidate ([`Leader`] as JSON) with the new token
+//!   and a random owner id inside. So the token is readable from the key by anyone, and
+//!   grows with every term even when keys expire in between.
+//! - **One renewal per process.** A session is local to the process: a random id, and the
+//!   keys its elections hold. Every renew interval, one script renews *all* of them
+//!   (`PEXPIRE` where the value is still ours), driven by the crate's keep-alive loop. A
+//!   renewal that found every held key still ours confirms the session; a key that is gone
+//!   or holds another value ends that election's term at once ([`LockLoss::Deleted`] or
+//!   [`LockLoss::Taken`]), without failing the others. With no key held, the renewal is a
+//!   `PING`.
+//! - **Release and proclaim** are compare-and-act scripts too: they touch the key only while
+//!   it holds exactly our value. A graceful hand-off deletes the key at once.
+//! - **Followers** ([`Contender::wait`](crate::backend::Contender::wait) and observers)
+//!   listen to keyspace notifications (`__keyspace@<db>__:<key>`, events `del`, `expired`,
+//!   `set`) on one pub/sub connection per backend, when the server publishes them (see
+//!   [`Notifications`]); a hand-off then takes a round trip or two. A jittered poll runs as
+//!   well: every [`RedisBuilder::poll_interval`] when notifications are off, every
+//!   [`SAFETY_NET_POLL`] as a safety net (a notification lost on a reconnect) when they are
+//!   on. Which one is active is logged at connect (`tracing`, info) and shown by
+//!   [`BackendInfo::wakeup`]: [`Wakeup::Push`] or [`Wakeup::Poll`].
+//!
+//! # The fencing token
+//!
+//! The value of the election's counter after the acquisition's `INCR`. It only grows as long
+//! as Redis keeps the counter. When a restart or failover lost it, the counter would start
+//! again from 1: to keep tokens growing anyway, every acquisition passes the highest token
+//! this [`RedisBackend`] has seen for the election (its own terms, and the holders it read),
+//! and the script raises the counter to it before the `INCR`. That protects against a
+//! counter that went back as long as some candidate that saw the last token takes the next
+//! term; a downstream store must still reject tokens lower than the highest it saw.
+//!
+//! When a leader's key vanishes and the counter is gone or below its token,
+//! [`explain`](crate::backend::Contender::explain) reports the loss as
+//! [`LockLoss::SessionLost`]: Redis lost its data (restart without persistence, failover,
+//! `FLUSHALL`), logged as a warning.
+//!
+//! # Options and URLs
+//!
+//! [`RedisConfig`] sets the address, database, user and password (ACL, `AUTH`; never shown
+//! by `Debug` or in logs) and the response timeout. The URL form for the CLI and
+//! [`BackendUrl`](crate::url::BackendUrl) is `redis://host:port[/db]`, with credentials from
+//! the environment (`INCUMBENT_REDIS_USER`, `INCUMBENT_REDIS_PASSWORD`, or `REDISCLI_AUTH`
+//! as `redis-cli` reads it), never from the URL. TLS (`rediss://`) is not supported yet: the
+//! `redis` crate's rustls support needs one process-wide crypto provider, which this crate's
+//! other TLS dependencies make ambiguous.
+
+mod contender;
+mod notify;
+mod observer;
+mod session;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
+
+pub use contender::RedisContender;
+pub use observer::RedisObserver;
+pub use session::RedisSession;
+
+use crate::backend::pool::SessionPool;
+use crate::backend::{Backend, BackendInfo, SessionOptions, Wakeup, lock};
+use crate::{Error, Result};
+
+const NAME: &str = "redis";
+
+/// The key prefix under which elections live unless [`RedisBuilder::prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "incumbent/";
+/// The smallest ttl: renewals every third of it must fit in, with a few round trips.
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+/// The largest ttl: a day.
+pub const MAX_TTL: Duration = Duration::from_secs(86_400);
+/// How often followers poll when keyspace notifications are off, unless
+/// [`RedisBuilder::poll_interval`] says otherwise.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often followers poll while keyspace notifications are on, in case one was lost.
+pub const SAFETY_NET_POLL: Duration = Duration::from_secs(5);
+/// How long one request may take unless [`RedisConfig::timeout`] says otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where and how to reach Redis.
+#[derive(Clone)]
+pub struct RedisConfig {
+    host: String,
+    port: u16,
+    db: i64,
+    username: Option<String>,
+    password: Option<String>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("db", &self.db)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// A server at `address`, `host:port` (the port defaults to 6379), database 0, no
+    /// credentials.
+    pub fn new(address: impl Into<String>) -> Self {
+        let address = address.into();
+        let (host, port) = match address.rsplit_once(':') {
+            Some((host, port)) if !host.contains(':') || host.starts_with('[') => {
+                // An unparsable port is kept as 0 and refused at connect.
+                (host.to_owned(), port.parse().unwrap_or(0))
+            }
+            _ => (address, 6379),
+        };
+        RedisConfig {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port,
+            db: 0,
+            username: None,
+            password: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The database number (`SELECT`), 0 by default.
+    pub fn db(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+
+    /// The ACL user name (Redis 6 and later); without one, `AUTH` uses the password alone.
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The password, sent with `AUTH`. Never shown by `Debug` or in logs.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// How long one request (or connection attempt) may take before it counts as failed;
+    /// default [`DEFAULT_TIMEOUT`]. A renewal that fails is retried by the keep-alive.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    fn client(&self) -> Result<Client> {
+        if self.host.is_empty() || self.port == 0 {
+            return Err(Error::InvalidConfig {
+                backend: NAME,
+                reason: format!(
+                    "{:?} is not host:port (write e.g. \"127.0.0.1:6379\")",
+                    crate::url::redact(&format!("{}:{}", self.host, self.port))
+                ),
+            });
+        }
+        let mut redis = RedisConnectionInfo::default().set_db(self.db);
+        if let Some(username) = &self.username {
+            redis = redis.set_username(username);
+        }
+        if let Some(password) = &self.password {
+            redis = redis.set_password(password);
+        }
+        let info = ConnectionAddr::Tcp(self.host.clone(), self.port)
+            .into_connection_info()
+            .map_err(from_redis)?
+            .set_redis_settings(redis);
+        Client::open(info).map_err(from_redis)
+    }
+}
+
+/// Whether followers use keyspace notifications.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Notifications {
+    /// Use them when the server publishes them (`notify-keyspace-events` with `K`, `g` and
+    /// `x`, or `KA`); otherwise try to turn them on with `CONFIG SET` (adding `Kg$x` to the
+    /// flags already set), and poll if that is refused (a managed Redis, an ACL without
+    /// `CONFIG`). The default.
+    #[default]
+    Auto,
+    /// Use them when the server publishes them; never change the server's configuration.
+    IfEnabled,
+    /// Never: followers poll.
+    Off,
+}
+
+/// Settings for a [`RedisBackend`] beyond the connection's: made by
+/// [`RedisBackend::builder`], finished by [`connect`](RedisBuilder::connect).
+#[derive(Clone, Debug)]
+pub struct RedisBuilder {
+    config: RedisConfig,
+    prefix: String,
+    poll_interval: Duration,
+    notifications: Notifications,
+}
+
+impl RedisBuilder {
+    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`]): the election
+    /// `jobs/a` lives at `<prefix>jobs/a`, its fencing counter at `<prefix>jobs/a:fencing`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How often followers poll when keyspace notifications are off (default
+    /// [`DEFAULT_POLL_INTERVAL`]), jittered by ±25 %. A hand-off then takes about half of it
+    /// on average; each follower sends one `EVALSHA` per poll.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Whether followers use keyspace notifications; default [`Notifications::Auto`].
+    pub fn notifications(mut self, notifications: Notifications) -> Self {
+        self.notifications = notifications;
+        self
+    }
+
+    /// Connects (with `PING`), checks keyspace notifications, and builds the backend.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for an unusable address or a zero poll interval,
+    /// [`Error::Unauthorized`] for refused credentials, [`Error::Unavailable`] when the
+    /// server cannot be reached.
+    pub async fn connect(self) -> Result<RedisBackend> {
+        if self.poll_interval.is_zero() {
+            return Err(Error::InvalidConfig {
+                backend: NAME,
+                reason: "the poll interval must be above zero (e.g. 500ms)".into(),
+            });
+        }
+        if self.prefix.contains(['?', '#', '*', '[', ']', '\\']) {
+            return Err(Error::InvalidConfig {
+                backend: NAME,
+                reason: format!(
+                    "the key prefix {:?} has one of ? # * [ ] \\; use letters, digits, '/', \
+                     '.', '_', ':' or '-'",
+                    crate::url::redact(&self.prefix)
+                ),
+            });
+        }
+        let client = self.config.client()?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.config.timeout))
+            .set_response_timeout(Some(self.config.timeout))
+            .set_number_of_retries(1);
+        let mut conn = client
+            .get_connection_manager_with_config(manager)
+            .await
+            .map_err(from_redis)?;
+        let _: String = ::redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .map_err(from_redis)?;
+        let notifier = match self.notifications {
+            Notifications::Off => {
+                tracing::info!(
+                    poll = ?self.poll_interval,
+                    "redis: keyspace notifications off by configuration; followers poll"
+                );
+                None
+            }
+            mode => {
+                notify::start(
+                    &client,
+                    &mut conn,
+                    self.config.db,
+                    &self.prefix,
+                    mode == Notifications::Auto,
+                    self.config.timeout,
+                )
+                .await
+            }
+        };
+        let wakeup = match notifier {
+            Some(_) => {
+                tracing::info!(
+                    safety_net = ?SAFETY_NET_POLL,
+                    "redis: followers wake on keyspace notifications"
+                );
+                Wakeup::Push
+            }
+            None => {
+                tracing::info!(poll = ?self.poll_interval, "redis: followers poll");
+                Wakeup::Poll(self.poll_interval)
+            }
+        };
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                config: self.config,
+                conn,
+                prefix: self.prefix,
+                poll_interval: self.poll_interval,
+                wakeup,
+                notifier,
+                sessions: SessionPool::default(),
+                seen: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+/// A connection to a Redis server, for any number of elections. Cheap to clone: clones
+/// share the connection (one multiplexed connection, reconnected by the `redis` crate's
+/// `ConnectionManager`), the pub/sub connection and the sessions.
+///
+/// `Debug` output shows the address, database, user name and prefix, never the password.
+/// See the [module docs](self) for how elections work on Redis, and what they cannot survive.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    conn: ConnectionManager,
+    prefix: String,
+    poll_interval: Duration,
+    wakeup: Wakeup,
+    /// The keyspace notifications, when they are on.
+    notifier: Option<notify::Notifier>,
+    sessions: SessionPool<session::Shared>,
+    /// The highest fencing token seen per election key, the floor of the next acquisition.
+    seen: Mutex<HashMap<String, u64>>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", &self.inner.config)
+            .field("prefix", &self.inner.prefix)
+            .field("wakeup", &self.inner.wakeup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// The server at `address` (`host:port`), database 0, without credentials, default
+    /// settings. See [`RedisBuilder::connect`] for the errors.
+    pub async fn connect(address: impl Into<String>) -> Result<RedisBackend> {
+        Self::builder(RedisConfig::new(address)).connect().await
+    }
+
+    /// Starts configuring a backend on the server described by `config`.
+    pub fn builder(config: RedisConfig) -> RedisBuilder {
+        RedisBuilder {
+            config,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            notifications: Notifications::Auto,
+        }
+    }
+
+    /// The key of `election`: `<prefix><election>`.
+    pub fn key(&self, election: &str) -> String {
+        format!("{}{election}", self.inner.prefix)
+    }
+
+    /// The fencing counter of `election`: `<prefix><election>:fencing`.
+    pub fn counter_key(&self, election: &str) -> String {
+        format!("{}{election}:fencing", self.inner.prefix)
+    }
+
+    /// The ids of the sessions this backend keeps alive now (process-local, random), for
+    /// tooling and tests.
+    pub fn session_ids(&self) -> Vec<String> {
+        let sessions = self.inner.sessions.sessions();
+        sessions.iter().map(|shared| shared.id.clone()).collect()
+    }
+
+    /// Whether followers wake on keyspace notifications (else they poll).
+    pub fn notifications_active(&self) -> bool {
+        self.inner.notifier.is_some()
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Notes a token seen for `key`; returns the highest seen so far.
+    fn saw(&self, key: &str, token: Option<u64>) -> u64 {
+        let mut seen = lock(&self.inner.seen);
+        let highest = seen.entry(key.to_owned()).or_insert(0);
+        if let Some(token) = token {
+            *highest = (*highest).max(token);
+        }
+        *highest
+    }
+
+    /// A wake-up for changes of `key`, when notifications are on.
+    fn subscribe(&self, key: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.notifier.as_ref().map(|n| n.subscribe(key))
+    }
+
+    /// The jittered pause between two polls of a follower.
+    fn poll_pause(&self) -> Duration {
+        let base = match self.inner.notifier {
+            Some(_) => SAFETY_NET_POLL,
+            None => self.inner.poll_interval,
+        };
+        base.mul_f64(0.75 + fastrand::f64() * 0.5)
+    }
+
+    /// Sleeps until the next poll, or until a notification for `key` comes.
+    async fn pause(&self, wake: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+        let pause = tokio::time::sleep(self.poll_pause());
+        tokio::pin!(pause);
+        match wake {
+            Some(wake) => {
+                tokio::select! {
+                    changed = wake.changed() => {
+                        if changed.is_err() {
+                            // The notifier is gone: fall back to the poll.
+                            pause.await;
+                        }
+                    }
+                    () = &mut pause => {}
+                }
+            }
+            None => pause.await,
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    type Session = RedisSession;
+    type Observer = RedisObserver;
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: NAME,
+            min_ttl: MIN_TTL,
+            max_ttl: MAX_TTL,
+            wakeup: self.inner.wakeup,
+            renew_divisor: 3,
+        }
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<RedisSession> {
+        session::open(self, options).await
+    }
+
+    async fn observe(&self, election: &str) -> Result<RedisObserver> {
+        Ok(RedisObserver::new(self.clone(), self.key(election)))
+    }
+}
+
+/// Maps a `redis` crate error: refused credentials, an unreachable server, or anything else.
+fn from_redis(error: RedisError) -> Error {
+    let auth = matches!(error.kind(), ::redis::ErrorKind::AuthenticationFailed)
+        || matches!(error.code(), Some("NOPERM" | "WRONGPASS" | "NOAUTH"));
+    if auth {
+        Error::Unauthorized {
+            backend: NAME,
+            reason: error.to_string(),
+        }
+    } else if error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+    {
+        Error::Unavailable {
+            backend: NAME,
+            reason: error.to_string(),
+        }
+    } else {
+        Error::Store {
+            backend: NAME,
+            reason: error.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_with_a_default_port() {
+        let c = RedisConfig::new("h:6380");
+        assert_eq!((c.host.as_str(), c.port), ("h", 6380));
+        let c = RedisConfig::new("h");
+        assert_eq!((c.host.as_str(), c.port), ("h", 6379));
+        let c = RedisConfig::new("[::1]:7000");
+        assert_eq!((c.host.as_str(), c.port), ("::1", 7000));
+        assert!(matches!(
+            RedisConfig::new("h:x").client(),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn debug_shows_no_password() {
+        let c = RedisConfig::new("h:1").username("u").password("s3cret");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("\"u\""), "{shown}");
+    }
+}

@@ -1,0 +1,259 @@
+//! Keyspace notifications: one pub/sub connection per backend, waking the followers of a key
+//! when it is deleted, expires or is set.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ::redis::Client;
+use ::redis::aio::ConnectionManager;
+use futures_core::Stream;
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::backend::lock;
+use crate::config::Backoff;
+
+/// The flags this backend needs in `notify-keyspace-events`: keyspace events (`K`) for
+/// generic commands (`g`: `del`), string commands (`$`: `set`) and expiries (`x`).
+const FLAGS: &str = "Kg$x";
+
+/// Reconnects of the pub/sub connection: jittered, from 100 ms up to 5 s.
+const RECONNECT: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+};
+
+/// The wake-ups of the keys followed in this process. Dropping it stops the listener.
+pub(super) struct Notifier {
+    keys: Arc<Keys>,
+    _stop: DropGuard,
+}
+
+#[derive(Default)]
+struct Keys(Mutex<HashMap<String, watch::Sender<u64>>>);
+
+impl Keys {
+    fn bump(&self, key: &str) {
+        let mut keys = lock(&self.0);
+        if let Some(sender) = keys.get(key) {
+            if sender.receiver_count() == 0 {
+                keys.remove(key);
+            } else {
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+
+    fn bump_all(&self) {
+        let mut keys = lock(&self.0);
+        keys.retain(|_, sender| sender.receiver_count() > 0);
+        for sender in keys.values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+impl Notifier {
+    /// A receiver that changes whenever `key` is deleted, expires or is set.
+    pub fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
+        let mut keys = lock(&self.keys.0);
+        keys.entry(key.to_owned())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+}
+
+/// Whether `flags` (the value of `notify-keyspace-events`) publish what followers need.
+fn sufficient(flags: &str) -> bool {
+    let all = flags.contains('A');
+    flags.contains('K') && (all || (flags.contains('g') && flags.contains('x')))
+}
+
+/// `flags` with [`FLAGS`] added.
+fn merged(flags: &str) -> String {
+    let mut out = flags.to_owned();
+    for flag in FLAGS.chars() {
+        if !out.contains(flag) {
+            out.push(flag);
+        }
+    }
+    out
+}
+
+/// A glob pattern matching exactly the keys that start with `prefix`.
+fn pattern(db: i64, prefix: &str) -> String {
+    let mut escaped = String::new();
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    format!("__keyspace@{db}__:{escaped}*")
+}
+
+/// Checks (and with `configure`, turns on) the server's keyspace notifications, and starts
+/// listening. `None`: followers poll; the reason is logged.
+pub(super) async fn start(
+    client: &Client,
+    conn: &mut ConnectionManager,
+    db: i64,
+    prefix: &str,
+    configure: bool,
+    timeout: Duration,
+) -> Option<Notifier> {
+    let current: Result<(String, String), _> = ::redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(conn)
+        .await;
+    let flags = match current {
+        Ok((_, flags)) => flags,
+        Err(error) => {
+            tracing::info!(%error, "redis: cannot read notify-keyspace-events; followers poll");
+            return None;
+        }
+    };
+    if !sufficient(&flags) {
+        if !configure {
+            tracing::info!(
+                %flags,
+                "redis: keyspace notifications are not enabled (notify-keyspace-events lacks \
+                 {FLAGS}); followers poll"
+            );
+            return None;
+        }
+        let wanted = merged(&flags);
+        let set: Result<(), _> = ::redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg(&wanted)
+            .query_async(conn)
+            .await;
+        match set {
+            Ok(()) => tracing::info!(
+                from = %flags,
+                to = %wanted,
+                "redis: turned keyspace notifications on with CONFIG SET"
+            ),
+            Err(error) => {
+                tracing::info!(
+                    %error,
+                    "redis: keyspace notifications are off and CONFIG SET was refused; \
+                     followers poll"
+                );
+                return None;
+            }
+        }
+    }
+    let pattern = pattern(db, prefix);
+    let channel_prefix = format!("__keyspace@{db}__:");
+    // The first subscription is made here, so that a server that refuses it (an ACL without
+    // pub/sub) is known before followers rely on it.
+    let pubsub = match subscribe(client, &pattern, timeout).await {
+        Ok(pubsub) => pubsub,
+        Err(error) => {
+            tracing::info!(%error, "redis: cannot subscribe to keyspace notifications; followers poll");
+            return None;
+        }
+    };
+    let keys = Arc::new(Keys::default());
+    let stop = CancellationToken::new();
+    let listening = keys.clone();
+    let client = client.clone();
+    tokio::spawn(stop.clone().run_until_cancelled_owned(listen(
+        client,
+        pubsub,
+        pattern,
+        channel_prefix,
+        timeout,
+        listening,
+    )));
+    Some(Notifier {
+        keys,
+        _stop: stop.drop_guard(),
+    })
+}
+
+async fn subscribe(
+    client: &Client,
+    pattern: &str,
+    timeout: Duration,
+) -> Result<::redis::aio::PubSub, String> {
+    let connect = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.psubscribe(pattern).await?;
+        Ok::<_, ::redis::RedisError>(pubsub)
+    };
+    match tokio::time::timeout(timeout, connect).await {
+        Ok(Ok(pubsub)) => Ok(pubsub),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// Wakes the followers of each key an event names; reconnects when the connection drops,
+/// waking every follower then (events may have been missed meanwhile).
+async fn listen(
+    client: Client,
+    mut pubsub: ::redis::aio::PubSub,
+    pattern: String,
+    channel_prefix: String,
+    timeout: Duration,
+    keys: Arc<Keys>,
+) {
+    loop {
+        {
+            let mut messages = std::pin::pin!(pubsub.on_message());
+            while let Some(message) =
+                std::future::poll_fn(|cx| messages.as_mut().poll_next(cx)).await
+            {
+                let event = message.get_payload_bytes();
+                // `expire` is a renewal (PEXPIRE): the holder stays, nobody needs waking.
+                if event == b"expire" {
+                    continue;
+                }
+                if let Some(key) = message.get_channel_name().strip_prefix(&channel_prefix) {
+                    keys.bump(key);
+                }
+            }
+        }
+        tracing::debug!("redis: the keyspace notification connection dropped; reconnecting");
+        let mut attempt = 0;
+        pubsub = loop {
+            tokio::time::sleep(RECONNECT.delay(attempt)).await;
+            match subscribe(&client, &pattern, timeout).await {
+                Ok(pubsub) => break pubsub,
+                Err(error) => {
+                    tracing::debug!(%error, "redis: resubscribing failed");
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        };
+        keys.bump_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_checked_and_merged() {
+        assert!(sufficient("KA"));
+        assert!(sufficient("Kgx"));
+        assert!(sufficient("xgK$"));
+        assert!(!sufficient(""));
+        assert!(!sufficient("EA"));
+        assert!(!sufficient("Kg"));
+        assert_eq!(merged(""), "Kg$x");
+        assert_eq!(merged("Ex"), "ExKg$");
+    }
+
+    #[test]
+    fn patterns_escape_glob_characters() {
+        assert_eq!(pattern(3, "a/b/"), "__keyspace@3__:a/b/*");
+        assert_eq!(pattern(0, "a*"), "__keyspace@0__:a\\**");
+    }
+}

@@ -1,0 +1,66 @@
+//! Following the holder of an election: a read at each keyspace notification or poll.
+
+use super::{RedisBackend, from_redis};
+use crate::Result;
+use crate::backend::{Leader, Observer};
+
+/// Follows the holder of one Redis election: the key's value while it exists, `None` while
+/// it does not.
+///
+/// The first [`next`](Observer::next) reads the key at once; later ones read it again at
+/// each keyspace notification for it (when they are on) or jittered poll, and return when the
+/// holder changed. An error (Redis cannot be reached) is returned as it comes.
+pub struct RedisObserver {
+    backend: RedisBackend,
+    key: String,
+    /// The holder last reported; `None` before the first report.
+    last: Option<Option<Leader>>,
+    wake: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+impl std::fmt::Debug for RedisObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisObserver")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisObserver {
+    pub(super) fn new(backend: RedisBackend, key: String) -> Self {
+        let wake = backend.subscribe(&key);
+        RedisObserver {
+            backend,
+            key,
+            last: None,
+            wake,
+        }
+    }
+}
+
+impl Observer for RedisObserver {
+    async fn next(&mut self) -> Result<Option<Leader>> {
+        loop {
+            if self.last.is_some() {
+                self.backend.pause(&mut self.wake).await;
+            }
+            if let Some(wake) = &mut self.wake {
+                wake.borrow_and_update();
+            }
+            let mut conn = self.backend.conn();
+            let value: Option<Vec<u8>> = ::redis::cmd("GET")
+                .arg(&self.key)
+                .query_async(&mut conn)
+                .await
+                .map_err(from_redis)?;
+            let leader = value.map(|v| Leader::from_bytes(&v));
+            if let Some(leader) = &leader {
+                self.backend.saw(&self.key, leader.fencing_token);
+            }
+            if self.last.as_ref() != Some(&leader) {
+                self.last = Some(leader.clone());
+                return Ok(leader);
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! A Redis server on loopback, without persistence, in a temp dir.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use super::bin::find_binary;
+use super::net::free_addr;
+use super::process::{Probe, ServerProcess};
+
+/// A `redis-server` on a free loopback port, keeping no data (no RDB, no AOF): a restart
+/// comes back empty. Killed on drop.
+pub struct RedisServer {
+    process: ServerProcess,
+    addr: SocketAddr,
+    _probe: PingShim,
+    // Declared last so it is removed after the process is killed.
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server without keyspace notifications (Redis's default) and waits until it
+    /// answers `PING`.
+    pub async fn start() -> Self {
+        Self::spawn(None).await
+    }
+
+    /// Starts a server that publishes keyspace notifications for generic commands, string
+    /// commands and expiries (`notify-keyspace-events Kg$x`).
+    pub async fn with_notifications() -> Self {
+        Self::spawn(Some("Kg$x")).await
+    }
+
+    async fn spawn(notifications: Option<&str>) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-redis-")
+            .tempdir()
+            .expect("create redis temp dir");
+        let redis = find_binary("redis-server");
+        let addr = free_addr();
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            addr.port().to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+        ];
+        if let Some(flags) = notifications {
+            args.extend(["--notify-keyspace-events".into(), flags.into()]);
+        }
+        let probe = PingShim::start(addr);
+        let mut process = ServerProcess::spawn(
+            "redis",
+            redis,
+            args,
+            dir.path(),
+            Probe::Http {
+                addr: probe.addr,
+                path: "/",
+                check: |body| body.starts_with("+PONG"),
+            },
+        );
+        process.wait_ready().await;
+        RedisServer {
+            process,
+            addr,
+            _probe: probe,
+            _dir: dir,
+        }
+    }
+
+    /// The server's address, `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The process, to kill, pause, resume or restart it. A restarted server comes back
+    /// empty: it keeps no data.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// The harness's readiness probes speak HTTP, Redis does not (it drops connections that look
+/// like HTTP): a loopback HTTP responder whose every answer is `200` with the body Redis
+/// gave to a `PING` (`+PONG` when ready), and `503` when Redis cannot be reached.
+struct PingShim {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl PingShim {
+    fn start(redis: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the ping shim");
+        let addr = listener.local_addr().expect("the ping shim's address");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut client) = client else { continue };
+                // Reads the request first: closing on unread bytes would reset the connection.
+                let _ = client.set_read_timeout(Some(Duration::from_secs(1)));
+                let _ = client.read(&mut [0; 1024]);
+                let reply = ping(redis);
+                let status = if reply.is_some() {
+                    "200 OK"
+                } else {
+                    "503 Unavailable"
+                };
+                let body = reply.unwrap_or_default();
+                let _ = write!(
+                    client,
+                    "HTTP/1.0 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        PingShim { addr, stop }
+    }
+}
+
+impl Drop for PingShim {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so that it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+    }
+}
+
+/// Redis's answer to `PING`, bounded by a second.
+fn ping(redis: SocketAddr) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&redis, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.write_all(b"PING\r\n").ok()?;
+    let mut buffer = [0; 64];
+    let read = stream.read(&mut buffer).ok()?;
+    Some(String::from_utf8_lossy(&buffer[..read]).into_owned())
+}
