@@ -19,6 +19,30 @@ use crate::run::{RESIGN_KEY, RESIGN_SIGNAL, hostname};
 /// How long `observe` waits before reconnecting after the store failed.
 const OBSERVE_RETRY: Duration = Duration::from_secs(1);
 
+/// After each change `observe` prints, it reads the leader again this long after, and after
+/// each re-read the next delay: an observer may report a new leader as soon as it holds the
+/// lock, before the store's record says when its term began (or carries its token), and
+/// some stores' observers report a change of `since` alone only with the next change of the
+/// leader. A changed `since` or token is a change to print.
+const CONFIRM_AFTER: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(500),
+    Duration::from_secs(2),
+];
+
+/// The leader, read once with a fresh observer.
+async fn read_once<B: Backend>(backend: &B, election: &str) -> incumbent::Result<Option<Leader>> {
+    backend.observe(election).await?.next().await
+}
+
+/// Completes at the instant; pending without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The current leader, read within `limit` of `began`: a store that cannot be reached is
 /// tried again until then; a permanent error ends the program at once.
 async fn current<B: Backend>(
@@ -167,6 +191,9 @@ impl WithBackend for Observe {
         // the program.
         let follow = async {
             let mut last: Option<Option<Leader>> = None;
+            // When to re-read the leader next, and how many re-reads since the last change.
+            let mut confirm_at: Option<Instant> = None;
+            let mut confirm_step = 0;
             // Since when the store has failed in a row (the start counts: nothing was read yet).
             let mut failing_since = Some(self.began);
             let failed = |e: incumbent::Error, failing_since: &mut Option<Instant>| {
@@ -197,7 +224,39 @@ impl WithBackend for Observe {
                     }
                 };
                 loop {
-                    match observer.next().await {
+                    // While waiting for the observer, re-read the leader a little after each
+                    // change (see `CONFIRM_AFTER`): some stores' observers do not report a
+                    // corrected `since` alone.
+                    let next = {
+                        let next = observer.next();
+                        tokio::pin!(next);
+                        loop {
+                            tokio::select! {
+                                next = &mut next => break next,
+                                () = sleep_until_some(confirm_at) => {
+                                    confirm_step += 1;
+                                    confirm_at = CONFIRM_AFTER
+                                        .get(confirm_step)
+                                        .map(|after| Instant::now() + *after);
+                                    // A failed re-read changes nothing: the observer reports
+                                    // the store's failures.
+                                    let Ok(leader) = read_once(&backend, &self.election).await
+                                    else {
+                                        continue;
+                                    };
+                                    if last.as_ref() != Some(&leader) {
+                                        if !self.show(leader.as_ref()) {
+                                            return Ok::<(), Failure>(());
+                                        }
+                                        last = Some(leader);
+                                        confirm_step = 0;
+                                        confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    match next {
                         // After a reconnect the observer may repeat the leader: show changes
                         // only. A change is any change: of the leader, its fencing token, its
                         // metadata, or when its term began.
@@ -208,6 +267,8 @@ impl WithBackend for Observe {
                                 return Ok::<(), Failure>(());
                             }
                             last = Some(leader);
+                            confirm_step = 0;
+                            confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
                         }
                         Err(e) => {
                             failed(e, &mut failing_since)?;

@@ -1,0 +1,233 @@
+//! `incumbent observe --json` across a hand-off (`incumbent resign`), on the file backend and
+//! on a real etcd: the `since` it prints last for the new leader is when that leader's term
+//! began (its command's `INCUMBENT_TERM_STARTED`), not when it began campaigning, and a
+//! correction of `since` in the store is printed as a change.
+//!
+//! Needs the `etcd` binary (`scripts/install-test-deps`). Every wait is bounded, every process
+//! a test starts is killed when it ends, and etcd listens on loopback only.
+
+mod support;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use serde_json::Value;
+use support::EtcdServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
+const ELECTION: &str = "jobs/observed";
+const LIMIT: Duration = Duration::from_secs(15);
+
+/// How much earlier than the term's start the store's record may say the term began: the
+/// store writes it when the lock is taken, a moment before the campaign starts the term.
+const SLACK_MS: u64 = 100;
+
+/// Records `pid term-started` in the file named by its first argument, then sleeps (same pid).
+const SCRIPT: &str = r#"echo "$$ $INCUMBENT_TERM_STARTED" >> "$0"; exec sleep 600"#;
+
+/// A process killed (SIGKILL) and reaped on drop, with its process group's sleepers.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// `2026-11-22T10:00:00.123Z` in Unix milliseconds.
+fn unix_ms(rfc3339: &str) -> u64 {
+    let t = humantime::parse_rfc3339(rfc3339).unwrap_or_else(|e| panic!("{rfc3339:?}: {e}"));
+    u64::try_from(
+        t.duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits")
+}
+
+struct Candidate {
+    process: Guard,
+    starts: PathBuf,
+}
+
+impl Candidate {
+    fn start(backend: &str, dir: &Path, name: &str) -> Candidate {
+        let starts = dir.join(format!("{name}.starts"));
+        let log = fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
+        let process = Command::new(BIN)
+            .args(["run", "--election", ELECTION, "--backend", backend, "--"])
+            .args(["sh", "-c", SCRIPT])
+            .arg(&starts)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn incumbent run");
+        Candidate {
+            process: Guard(process),
+            starts,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.0.id()
+    }
+
+    /// The first start of its command: `(pid, term started, in Unix ms)`.
+    fn first_start(&self) -> (i32, u64) {
+        let mut first = None;
+        let started = wait_until(LIMIT, || {
+            first = fs::read_to_string(&self.starts).ok().and_then(|text| {
+                let line = text.lines().next()?.to_owned();
+                let (pid, started) = line.split_once(' ')?;
+                Some((pid.parse().ok()?, unix_ms(started.trim())))
+            });
+            first.is_some()
+        });
+        assert!(started, "the command of pid {} never started", self.pid());
+        first.expect("started")
+    }
+}
+
+impl Drop for Candidate {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe {
+            libc::kill(i32::try_from(self.pid()).expect("pid"), libc::SIGKILL);
+        }
+        let _ = self.process.0.wait();
+        if let Ok(text) = fs::read_to_string(&self.starts) {
+            for pid in text
+                .lines()
+                .filter_map(|l| l.split(' ').next()?.parse::<i32>().ok())
+            {
+                // SAFETY: as above; the pids are our commands'.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+fn leader_pid(line: &Value) -> Option<u32> {
+    line["leader"]["metadata"]["pid"].as_str()?.parse().ok()
+}
+
+/// Two candidates, an `observe --json`, a resign after the second has campaigned for a while:
+/// the last line printed for the new leader says its term began when its command was told.
+fn since_after_a_hand_off_is_when_the_term_began(backend: &str) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let a = Candidate::start(backend, dir.path(), "a");
+    a.first_start();
+    let mut observe = Guard(
+        Command::new(BIN)
+            .args([
+                "observe",
+                "--election",
+                ELECTION,
+                "--json",
+                "--backend",
+                backend,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn incumbent observe"),
+    );
+    let (tx, lines) = mpsc::channel::<Value>();
+    let stdout = observe.0.stdout.take().expect("piped stdout");
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let value = serde_json::from_str(&line).expect("one JSON object per line");
+            if tx.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    let first = lines.recv_timeout(LIMIT).expect("the current leader");
+    assert_eq!(leader_pid(&first), Some(a.pid()), "{first}");
+
+    let b = Candidate::start(backend, dir.path(), "b");
+    // b campaigns (behind a) for a while before the hand-off: its campaign's start and its
+    // term's start are far apart.
+    thread::sleep(Duration::from_millis(1500));
+    let resign = Command::new(BIN)
+        .args(["resign", "--election", ELECTION, "--backend", backend])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run incumbent resign");
+    assert!(
+        resign.status.success(),
+        "resign: {}",
+        String::from_utf8_lossy(&resign.stderr)
+    );
+    let (_, term_started) = b.first_start();
+
+    // Everything observe prints within 3 s of the hand-off.
+    let mut printed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => break,
+        }
+    }
+    let last_for_b = printed
+        .iter()
+        .rfind(|line| leader_pid(line) == Some(b.pid()))
+        .unwrap_or_else(|| panic!("the new leader was not printed: {printed:?}"));
+    let since = last_for_b["leader"]["since_unix_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no since: {last_for_b}"));
+    assert!(
+        since + SLACK_MS >= term_started,
+        "observe's last line says the new leader's term began at {since}, {} ms before it did \
+         ({term_started}); printed: {printed:?}",
+        term_started - since
+    );
+    assert_eq!(
+        unix_ms(last_for_b["leader"]["since"].as_str().expect("since")),
+        since
+    );
+}
+
+#[test]
+fn observe_prints_when_the_new_leaders_term_began_on_the_file_backend() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    since_after_a_hand_off_is_when_the_term_began(&format!(
+        "file://{}",
+        dir.path().join("locks").display()
+    ));
+}
+
+#[test]
+fn observe_prints_when_the_new_leaders_term_began_on_etcd() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let etcd = runtime.block_on(EtcdServer::single());
+    since_after_a_hand_off_is_when_the_term_began(&format!("etcd://{}", etcd.client_addr()));
+    drop(etcd);
+}
