@@ -23,6 +23,14 @@
 //! All candidates must see the same directory on a local file system: `flock` over NFS is
 //! not reliable. Unix only.
 //!
+//! A follower blocks in `flock` on a thread of tokio's blocking pool, and a blocking call
+//! cannot be cancelled: shutting the campaign down leaves that thread waiting until the lock
+//! is free (it then lets go at once). Dropping a tokio runtime waits for its blocking
+//! threads, so a process that wants to exit while it follows should end its runtime with
+//! [`Runtime::shutdown_background`](tokio::runtime::Runtime::shutdown_background) or
+//! [`shutdown_timeout`](tokio::runtime::Runtime::shutdown_timeout), as the `incumbent` CLI
+//! does; the kernel drops the queued `flock` with the process.
+//!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> incumbent::Result<()> {
 //! use incumbent::{Election, file::FileBackend};
