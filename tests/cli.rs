@@ -490,18 +490,6 @@ fn usage_and_configuration_errors_exit_2_with_one_line() {
             vec!["run", "--election", e, "--backend", "ftp://x", "--", "true"],
             "unknown scheme",
         ),
-        (
-            vec![
-                "run",
-                "--election",
-                e,
-                "--backend",
-                "memcached://a:11211",
-                "--",
-                "true",
-            ],
-            "memcached",
-        ),
         (vec!["run", "--election", e, "sleep", "1"], "after `--`"),
         (vec!["run", "--election", e], "after `--`"),
         (vec!["run", "--election", e, "--"], "after `--`"),
@@ -843,6 +831,11 @@ fn the_command_does_not_inherit_the_stores_credentials_unless_asked() {
         ("ETCDCTL_PASSWORD", "secret-ctl-8d0e"),
         ("CONSUL_HTTP_TOKEN", "secret-consul-4e6f"),
         ("CONSUL_HTTP_AUTH", "op:secret-auth-3a9b"),
+        ("CONSUL_HTTP_TOKEN_FILE", "/run/secret-consul-file-77aa"),
+        ("INCUMBENT_ZK_AUTH", "zk:secret-zk-6d1e"),
+        ("INCUMBENT_REDIS_USER", "redis-user-0b7c"),
+        ("INCUMBENT_REDIS_PASSWORD", "secret-redis-2f8a"),
+        ("REDISCLI_AUTH", "secret-rediscli-9e4d"),
     ];
     let mut env = secrets.to_vec();
     env.push(("APP_SETTING", "kept-2c4d"));
@@ -1210,6 +1203,9 @@ fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
             "{args:?}: {stderr}"
         );
         assert!(stderr.contains("retrying in"), "{args:?}: {stderr}");
+        for line in stderr.lines() {
+            assert!(!repeats_a_part(line), "{args:?}: a repeated chain: {line}");
+        }
         assert!(output.stdout.is_empty(), "{args:?}: prints no leader");
     }
     assert!(
@@ -1231,4 +1227,136 @@ fn an_unreachable_consul_agent_is_retried_until_fail_after() {
         "consul://{}",
         unreachable_address()
     ));
+}
+
+// ---- messages: flags, not builder methods; one chain; no colour; one JSON schema ----
+
+/// Whether some part of a `: `-separated error chain comes twice.
+fn repeats_a_part(line: &str) -> bool {
+    let parts: Vec<&str> = line.split(": ").collect();
+    parts
+        .iter()
+        .enumerate()
+        .any(|(i, part)| parts[i + 1..].contains(part))
+}
+
+#[test]
+fn error_lines_name_the_flags_not_the_librarys_builder_methods() {
+    let sandbox = Sandbox::new();
+    // The file backend accepts a ttl of at most a day: the library's message says `.ttl()`.
+    let output = sandbox.output(&["run", "--election", ELECTION, "--ttl", "2d", "--", "true"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--ttl"), "{stderr}");
+    assert!(!stderr.contains(".ttl()"), "{stderr}");
+    assert!(!stderr.contains("()"), "{stderr}");
+}
+
+#[test]
+fn help_lists_every_environment_variable_read_and_discourages_credentials_in_flags() {
+    // Every variable the backend URLs read (src/url.rs), and the others this program reads.
+    let source = include_str!("../src/url.rs");
+    let mut variables: Vec<String> = source
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| {
+            s.len() > 3 && s.contains('_') && s.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+        })
+        .map(str::to_owned)
+        .collect();
+    assert!(variables.iter().any(|v| v == "CONSUL_HTTP_TOKEN_FILE"));
+    for also in ["INCUMBENT_BACKEND", "RUST_LOG", "INCUMBENT_ZK_AUTH"] {
+        variables.push(also.to_owned());
+    }
+    let sandbox = Sandbox::new();
+    for args in [vec!["--help"], vec!["run", "--help"]] {
+        let output = sandbox.output(&args);
+        assert_eq!(output.status.code(), Some(0));
+        let help = String::from_utf8_lossy(&output.stdout);
+        for variable in &variables {
+            assert!(
+                help.contains(variable.as_str()),
+                "{args:?}: {variable}\n{help}"
+            );
+        }
+        assert!(help.contains("`ps`"), "{args:?}: {help}");
+        assert!(help.contains("--fail-after"), "{args:?}: {help}");
+    }
+}
+
+/// A leader's stderr with the library's debug lines, after it ran and stopped on SIGTERM.
+fn leader_log(format: &str) -> String {
+    let sandbox = Sandbox::new();
+    let log_path = sandbox.dir.path().join("a.log");
+    let log = fs::File::create(&log_path).expect("log");
+    let starts = sandbox.dir.path().join("a.starts");
+    let starts_arg = starts.display().to_string();
+    // `--log-format` is a global option: it may come before the subcommand.
+    let mut command = sandbox.command(&[
+        "--log-format",
+        format,
+        "run",
+        "--election",
+        ELECTION,
+        "--",
+        "sh",
+        "-c",
+        SLEEPER,
+        &starts_arg,
+    ]);
+    command.env("RUST_LOG", "incumbent=debug");
+    let mut a = Candidate {
+        process: Guard(
+            command
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn incumbent"),
+        ),
+        starts,
+        log: log_path,
+    };
+    a.start(1);
+    signal(a.pid(), libc::SIGTERM);
+    assert!(a.process.exit_within(LIMIT).is_some(), "{}", a.log());
+    a.log()
+}
+
+#[test]
+fn json_log_lines_share_one_schema_the_librarys_included() {
+    let log = leader_log("json");
+    let mut events = Vec::new();
+    for line in log.lines() {
+        let value: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}\n{log}"));
+        let text = |key: &str| {
+            value[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {key}: {line}"))
+                .to_owned()
+        };
+        assert!(
+            text("time").ends_with('Z') && text("time").len() == 24,
+            "{line}"
+        );
+        assert!(
+            ["trace", "debug", "info", "warn", "error"].contains(&text("level").as_str()),
+            "{line}"
+        );
+        assert_eq!(text("election"), ELECTION, "{line}");
+        assert!(!text("message").is_empty(), "{line}");
+        events.push(text("event"));
+    }
+    assert!(events.iter().any(|e| e == "log"), "no library line:\n{log}");
+    assert!(events.iter().any(|e| e == "elected"), "{log}");
+    assert!(events.iter().any(|e| e == "stopped"), "{log}");
+}
+
+#[test]
+fn text_log_lines_have_no_colour_when_stderr_is_not_a_terminal() {
+    let log = leader_log("text");
+    assert!(log.contains("debug"), "no library line:\n{log}");
+    assert!(!log.contains('\x1b'), "ANSI escapes:\n{log:?}");
 }

@@ -87,6 +87,8 @@ mod duration;
 mod inspect;
 #[path = "incumbent/log.rs"]
 mod log;
+#[path = "incumbent/messages.rs"]
+mod messages;
 #[path = "incumbent/process.rs"]
 mod process;
 #[path = "incumbent/report.rs"]
@@ -110,13 +112,53 @@ use tokio::time::Instant;
 
 use crate::report::{LogFormat, Reporter};
 
+/// Every environment variable this program reads, for `--help`.
+macro_rules! environment {
+    () => {
+        "\
+Environment (credentials come only from here, never from flags or the backend URL: a flag's \
+value shows in `ps`, in /proc and in shell histories; `run` removes them from the command's \
+environment unless --pass-credentials):
+  INCUMBENT_BACKEND         the backend URL when --backend is not given
+  RUST_LOG                  which library log lines to write (default: warn; with --quiet: error)
+  PATH                      where `run` looks for CMD when it has no '/'
+  ETCDCTL_USER              etcd: user:password (as etcdctl --user), or the user name
+  ETCDCTL_PASSWORD          etcd: the password of ETCDCTL_USER
+  INCUMBENT_ETCD_USER       etcd: the user name; when set, wins over ETCDCTL_USER
+  INCUMBENT_ETCD_PASSWORD   etcd: the password of INCUMBENT_ETCD_USER
+  CONSUL_HTTP_TOKEN         Consul: the ACL token
+  CONSUL_HTTP_TOKEN_FILE    Consul: a file holding the ACL token; wins over CONSUL_HTTP_TOKEN
+  INCUMBENT_ZK_AUTH         ZooKeeper: user:password for the digest scheme
+  INCUMBENT_REDIS_USER      Redis: the ACL user name
+  INCUMBENT_REDIS_PASSWORD  Redis: the password; when set, wins over REDISCLI_AUTH
+  REDISCLI_AUTH             Redis: the password, as redis-cli reads it"
+    };
+}
+
+/// The rule for failing fast or retrying, and the exit codes, for `--help`.
+macro_rules! failing_and_exit_codes {
+    () => {
+        "\
+Failing fast or retrying, the same on every backend: a permanent error (bad options, a lock \
+directory that cannot be made, credentials the store refuses, an invalid configuration) \
+ends the program at once, with exit code 2; a store that cannot be reached (connection \
+refused, no answer in time) is tried again with back-off: by `run` and `observe` until \
+--fail-after (by default for ever), by `status` and `resign` until --timeout; then exit \
+code 1.
+
+Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures (the \
+store unreachable for longer than --fail-after or --timeout); 2 for usage and configuration \
+errors; with `run --exit-with-child`, the command's own status."
+    };
+}
+
 /// Run a command only while this process leads an election; see who leads.
 #[derive(Debug, Parser)]
 #[command(
     name = "incumbent",
     version,
     propagate_version = true,
-    after_help = EXIT_CODES
+    after_help = concat!(environment!(), "\n\n", failing_and_exit_codes!())
 )]
 struct Cli {
     #[command(subcommand)]
@@ -129,19 +171,10 @@ struct Cli {
     quiet: bool,
 }
 
-const EXIT_CODES: &str = "\
-Failing fast or retrying, the same on every backend: a permanent error (bad options, a lock \
-directory that cannot be made, credentials the store refuses, an invalid configuration) \
-ends the program at once, with exit code 2; a store that cannot be reached (connection \
-refused, no answer in time) is tried again with back-off: by `run` and `observe` until \
---fail-after (by default for ever), by `status` and `resign` until --timeout; then exit \
-code 1.
-
-Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures (the \
-store unreachable for longer than --fail-after or --timeout); 2 for usage and configuration \
-errors; with `run --exit-with-child`, the command's own status.";
-
-const RUN_HELP: &str = "\
+const RUN_HELP: &str = concat!(
+    environment!(),
+    "\n\n",
+    "\
 The command's environment: INCUMBENT_ELECTION, INCUMBENT_CANDIDATE (this candidate's id), \
 INCUMBENT_FENCING_TOKEN (greater for every new term: send it with every write), \
 INCUMBENT_TERM_STARTED (RFC 3339, UTC, milliseconds). Its standard input is closed. The \
@@ -185,7 +218,8 @@ Exit codes: 0 after SIGINT or SIGTERM; 1 for run-time failures (the store unreac
 longer than --fail-after; after a second SIGINT or SIGTERM, when the lock could not be \
 released within 1s); 2 for usage and configuration errors (including a bad lock directory \
 or refused credentials); with --exit-with-child, the command's own status (128+N after \
-signal N).";
+signal N)."
+);
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -360,6 +394,7 @@ fn key_value(text: &str) -> Result<(String, String), String> {
 fn target(target: &Target) -> Result<(BackendUrl, String), Failure> {
     let url: BackendUrl = target.backend.parse()?;
     incumbent::config::validate_name(&target.election)?;
+    log::set_election(&target.election);
     Ok((url, target.election.clone()))
 }
 

@@ -11,7 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::Failure;
-use crate::report::{Reporter, human, leader_json, leader_text, rfc3339};
+use crate::report::{Reporter, human, leader_json, leader_text, millis, rfc3339};
 use crate::retry::{self, Patience};
 
 use crate::run::{RESIGN_KEY, RESIGN_SIGNAL, hostname};
@@ -207,7 +207,11 @@ impl WithBackend for Observe {
                 {
                     return Err(self.patience.gave_up(since.elapsed(), &message));
                 }
-                out.error(&format!("{message}; retrying in {}", human(OBSERVE_RETRY)));
+                out.warn(
+                    "retrying",
+                    &format!("{message}; retrying in {}", human(OBSERVE_RETRY)),
+                    json!({ "error": message, "retry_in_ms": millis(OBSERVE_RETRY) }),
+                );
                 Ok(())
             };
             while let Err(e) = check_lock_directory(&backend).await {

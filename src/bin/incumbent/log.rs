@@ -46,6 +46,17 @@ struct Counts {
 
 static SINK: OnceLock<Option<Sink>> = OnceLock::new();
 static FORMAT: Mutex<NoticeFormat> = Mutex::new(NoticeFormat::Text);
+static ELECTION: OnceLock<String> = OnceLock::new();
+
+/// Sets the election every line is about (once: one election per process).
+pub fn set_election(election: &str) {
+    let _ = ELECTION.set(election.to_owned());
+}
+
+/// The election every line is about, once known.
+pub fn election() -> Option<String> {
+    ELECTION.get().cloned()
+}
 
 /// Sets how the "lines dropped" notice is written (the status lines' format).
 pub fn set_format(format: NoticeFormat) {
@@ -139,10 +150,16 @@ fn notice(dropped: u64) -> Vec<u8> {
     let message = format!("{dropped} log line(s) dropped: stderr was not read fast enough");
     match format() {
         NoticeFormat::Text => format!("{now} incumbent {message}\n"),
-        NoticeFormat::Json => format!(
-            "{}\n",
-            json!({ "time": now, "event": "log_lines_dropped", "message": message, "dropped": dropped })
-        ),
+        NoticeFormat::Json => {
+            let mut line = json!({ "time": now, "level": "warn" });
+            if let Some(election) = election() {
+                line["election"] = election.into();
+            }
+            line["event"] = "log_lines_dropped".into();
+            line["message"] = message.into();
+            line["dropped"] = dropped.into();
+            format!("{line}\n")
+        }
     }
     .into_bytes()
 }
@@ -161,37 +178,25 @@ fn write(output: &mut impl Write, bytes: &[u8], closed: &mut bool) {
     }
 }
 
-/// A `tracing_subscriber` writer that queues each formatted event as one line.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Writer;
-
-impl Write for Writer {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        // The fmt layer writes each event whole, in one call.
-        line(buf.to_vec());
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Writer {
-    type Writer = Writer;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        Writer
-    }
-}
-
 /// Routes panic messages through the queue too: the default hook writes to stderr with a
 /// blocking write, which would stall the thread that panicked.
 pub fn install_panic_hook() {
     std::panic::set_hook(Box::new(|info| {
         let thread = std::thread::current();
         let name = thread.name().unwrap_or("<unnamed>");
-        line(format!("incumbent: thread '{name}' panicked: {info}\n").into_bytes());
+        let message = format!("thread '{name}' panicked: {info}");
+        match format() {
+            NoticeFormat::Text => line(format!("incumbent: {message}\n").into_bytes()),
+            NoticeFormat::Json => {
+                let mut object = json!({ "time": rfc3339(SystemTime::now()), "level": "error" });
+                if let Some(election) = election() {
+                    object["election"] = election.into();
+                }
+                object["event"] = "panic".into();
+                object["message"] = message.into();
+                line(format!("{object}\n").into_bytes());
+            }
+        }
     }));
 }
 

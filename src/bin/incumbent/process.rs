@@ -63,10 +63,17 @@ pub const CREDENTIAL_VARIABLES: &[&str] = &[
     "CONSUL_HTTP_TOKEN",
     "CONSUL_HTTP_TOKEN_FILE",
     "CONSUL_HTTP_AUTH",
+    "INCUMBENT_ZK_AUTH",
+    "REDISCLI_AUTH",
 ];
 
 /// Prefixes of further variables of the same kind (the store settings `incumbent` reads).
-const CREDENTIAL_PREFIXES: &[&str] = &["INCUMBENT_ETCD_", "INCUMBENT_CONSUL_"];
+const CREDENTIAL_PREFIXES: &[&str] = &[
+    "INCUMBENT_ETCD_",
+    "INCUMBENT_CONSUL_",
+    "INCUMBENT_ZK_",
+    "INCUMBENT_REDIS_",
+];
 
 /// Whether the variable `name` carries (or locates) the store's credentials.
 pub fn is_credential(name: &std::ffi::OsStr) -> bool {

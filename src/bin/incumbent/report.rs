@@ -10,13 +10,15 @@ use incumbent::Leader;
 use serde_json::{Map, Value, json};
 
 use crate::log;
+use crate::messages::tidy;
 
 /// How status lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// `2026-11-22T10:00:00.123Z incumbent[jobs/index] elected (fencing token 7) after 12ms`
     Text,
-    /// One JSON object per line: `time`, `election`, `event`, `message`, and the event's fields.
+    /// One JSON object per line, the same schema for this program's lines and the library's:
+    /// `time`, `level`, `election`, `event`, `message`, then the event's own fields.
     Json,
 }
 
@@ -46,10 +48,12 @@ impl Reporter {
     }
 
     /// Sends the library's own `tracing` events (warnings and errors, or what `RUST_LOG`
-    /// asks for) to stderr in the same format, through the same non-blocking queue as the
-    /// status lines; panic messages too.
+    /// asks for) to stderr in the same format and schema as the status lines, through the
+    /// same non-blocking queue; panic messages too. No ANSI colour, terminal or not.
     pub fn install_tracing(&self) {
         use tracing_subscriber::EnvFilter;
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
         log::set_format(match self.format {
             LogFormat::Text => log::NoticeFormat::Text,
             LogFormat::Json => log::NoticeFormat::Json,
@@ -57,59 +61,188 @@ impl Reporter {
         log::install_panic_hook();
         let filter = EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| EnvFilter::new(if self.quiet { "error" } else { "warn" }));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            // Never `eprint!` a failed write: that panics on a closed stderr.
-            .log_internal_errors(false)
-            .with_writer(log::Writer);
-        let _ = match self.format {
-            LogFormat::Text => builder.try_init(),
-            LogFormat::Json => builder.json().try_init(),
-        };
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(LibraryLines {
+                format: self.format,
+            })
+            .try_init();
     }
 
     /// A status line: one per transition. Suppressed by `--quiet`.
     pub fn event(&self, event: &str, message: &str, fields: Value) {
         if !self.quiet {
-            self.write(event, message, fields);
+            self.write("info", event, message, fields);
+        }
+    }
+
+    /// A warning: something failed and is being retried. Suppressed by `--quiet`.
+    pub fn warn(&self, event: &str, message: &str, fields: Value) {
+        if !self.quiet {
+            self.write("warn", event, message, fields);
         }
     }
 
     /// An error line, written even with `--quiet`.
     pub fn error(&self, message: &str) {
-        self.write("error", message, Value::Null);
+        self.write("error", "error", message, Value::Null);
     }
 
     /// The error that ends the program.
     pub fn fatal(&self, message: &str) {
         match self.format {
-            LogFormat::Text => log::line(format!("incumbent: {message}\n").into_bytes()),
+            LogFormat::Text => log::line(format!("incumbent: {}\n", tidy(message)).into_bytes()),
             LogFormat::Json => self.error(message),
         }
     }
 
-    fn write(&self, event: &str, message: &str, fields: Value) {
-        let now = rfc3339(SystemTime::now());
-        let line = match self.format {
-            LogFormat::Text => match &self.election {
-                Some(election) => format!("{now} incumbent[{election}] {message}"),
-                None => format!("{now} incumbent {message}"),
-            },
-            LogFormat::Json => {
-                let mut object = Map::new();
-                object.insert("time".into(), now.into());
-                if let Some(election) = &self.election {
-                    object.insert("election".into(), election.clone().into());
+    fn write(&self, level: &str, event: &str, message: &str, fields: Value) {
+        let election = self.election.clone().or_else(log::election);
+        let line = line(
+            self.format,
+            level,
+            election.as_deref(),
+            event,
+            &tidy(message),
+            fields,
+        );
+        log::line(line.into_bytes());
+    }
+}
+
+/// One line of stderr, for people or machines. JSON: `time`, `level`, `election` (when known),
+/// `event`, `message`, then `fields` (none of which overrides those).
+pub fn line(
+    format: LogFormat,
+    level: &str,
+    election: Option<&str>,
+    event: &str,
+    message: &str,
+    fields: Value,
+) -> String {
+    let now = rfc3339(SystemTime::now());
+    match format {
+        LogFormat::Text => {
+            let level = match level {
+                "info" => String::new(),
+                other => format!("{other}: "),
+            };
+            match election {
+                Some(election) => format!("{now} incumbent[{election}] {level}{message}\n"),
+                None => format!("{now} incumbent {level}{message}\n"),
+            }
+        }
+        LogFormat::Json => {
+            let mut object = Map::new();
+            object.insert("time".into(), now.into());
+            object.insert("level".into(), level.into());
+            if let Some(election) = election {
+                object.insert("election".into(), election.into());
+            }
+            object.insert("event".into(), event.into());
+            object.insert("message".into(), message.into());
+            if let Value::Object(fields) = fields {
+                for (key, value) in fields {
+                    object.entry(key).or_insert(value);
                 }
-                object.insert("event".into(), event.into());
-                object.insert("message".into(), message.into());
-                if let Value::Object(fields) = fields {
-                    object.extend(fields);
+            }
+            format!("{}\n", Value::Object(object))
+        }
+    }
+}
+
+/// Writes the library's `tracing` events as [`line`]s: `event` is `log`, `target` the
+/// library's module, the event's fields follow; strings are [`tidy`]'d.
+struct LibraryLines {
+    format: LogFormat,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LibraryLines {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _context: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut visitor = FieldVisitor::default();
+        event.record(&mut visitor);
+        let metadata = event.metadata();
+        let level = metadata.level().as_str().to_ascii_lowercase();
+        let election = log::election();
+        let message = match self.format {
+            LogFormat::Json => tidy(&visitor.message),
+            LogFormat::Text => {
+                // Fields after the message, as `key=value`.
+                let mut text = tidy(&visitor.message);
+                for (key, value) in &visitor.fields {
+                    let value = match value {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    text.push_str(&format!(" {key}={value}"));
                 }
-                Value::Object(object).to_string()
+                text
             }
         };
-        log::line(format!("{line}\n").into_bytes());
+        let mut fields = Map::new();
+        fields.insert("target".into(), metadata.target().into());
+        fields.extend(visitor.fields);
+        log::line(
+            line(
+                self.format,
+                &level,
+                election.as_deref(),
+                "log",
+                &message,
+                Value::Object(fields),
+            )
+            .into_bytes(),
+        );
+    }
+}
+
+/// A `tracing` event's message and fields, as JSON values.
+#[derive(Default)]
+struct FieldVisitor {
+    message: String,
+    fields: Map<String, Value>,
+}
+
+impl FieldVisitor {
+    fn put(&mut self, field: &tracing::field::Field, value: Value) {
+        if field.name() == "message" {
+            self.message = match value {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+        } else {
+            self.fields.insert(field.name().to_owned(), value);
+        }
+    }
+}
+
+impl tracing::field::Visit for FieldVisitor {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.put(field, Value::String(tidy(&format!("{value:?}"))));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.put(field, Value::String(tidy(value)));
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.put(field, value.into());
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.put(field, value.into());
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.put(field, value.into());
+    }
+
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.put(field, value.into());
     }
 }
 

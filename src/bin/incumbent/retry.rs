@@ -10,6 +10,7 @@ use serde_json::json;
 use tokio::time::{Instant, sleep};
 
 use crate::Failure;
+use crate::messages::tidy;
 use crate::report::{Reporter, human, millis};
 
 /// The first delay between attempts; it doubles up to [`MAX_DELAY`].
@@ -23,14 +24,14 @@ pub fn is_transient(error: &incumbent::Error) -> bool {
 }
 
 /// A store error without the library's "retrying with back-off", which this program says
-/// (or does not) itself.
+/// (or does not) itself; [`tidy`]'d.
 pub fn describe(error: &incumbent::Error) -> String {
-    match error {
+    tidy(&match error {
         incumbent::Error::Unavailable { backend, reason } => {
             format!("{backend} is unavailable: {reason}")
         }
         other => other.to_string(),
-    }
+    })
 }
 
 /// How long this program keeps trying a store that cannot be reached.
@@ -73,7 +74,7 @@ impl Patience {
                 }
                 Some(_) | None => delay,
             };
-            out.event(
+            out.warn(
                 "retrying",
                 &format!("{message}; retrying in {}", human(wait)),
                 json!({ "error": message, "retry_in_ms": millis(wait), "failing_ms": millis(failing) }),
