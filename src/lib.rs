@@ -177,9 +177,10 @@
 //! | `file` | `file` (default) | processes of one host, through a lock file; no server |
 //! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, predecessor watches |
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
+//! | `zookeeper` | `zookeeper` | a ZooKeeper session, ephemeral sequential candidate nodes, predecessor watches, czxid tokens; disconnected (suspended) vs expired sessions |
 //! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |
 //!
-//! ZooKeeper and memcached backends are planned; no feature exists for them yet.
+//! A memcached backend is planned; no feature exists for it yet.
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
 //! means implementing the contract in [`backend`].
 //!

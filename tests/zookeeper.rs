@@ -140,19 +140,30 @@ async fn a_hand_off_wakes_only_the_successor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_closed_by_another_client_demotes_with_session_expired() {
     let server = ZookeeperServer::single().await;
-    let backend = connect(&server.connect_string()).await;
+    let proxy = Proxy::start(server.client_addr());
+    let backend = connect(&proxy.addr().to_string()).await;
     let mut campaign = election(&backend, "expiry", "a").campaign();
     let term = elected(&mut campaign, PATIENCE).await;
     let [handle] = backend.session_handles().try_into().expect("one session");
     // Attach to the leader's session with its id and password, and close it, as an
     // operator can: the server deletes its nodes, and the leader's client hears that the
-    // session expired.
+    // session expired when it reconnects. Its own connection is held for the moment, far
+    // shorter than the renew deadline, so that it does not attach to the session again in
+    // between.
+    proxy.blackhole(true);
     let takeover = zk::Client::connector()
         .with_session(handle)
         .connect(&server.connect_string())
         .await
         .expect("attach to the leader's session");
+    let mut state = takeover.state_watcher();
     drop(takeover);
+    timeout(PATIENCE, async {
+        while !state.changed().await.is_terminated() {}
+    })
+    .await
+    .expect("the session is closed");
+    proxy.blackhole(false);
     assert_eq!(
         demoted(&mut campaign, PATIENCE).await,
         DemotionReason::SessionExpired

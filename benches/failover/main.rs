@@ -19,6 +19,8 @@ mod common;
 mod consul;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 use std::time::{Duration, Instant};
 
@@ -55,6 +57,12 @@ async fn main() {
         let section = Instant::now();
         consul::run().await;
         common::took("consul", section);
+    }
+    #[cfg(feature = "zookeeper")]
+    if wanted("zookeeper") {
+        let section = Instant::now();
+        zookeeper::run().await;
+        common::took("zookeeper", section);
     }
     println!();
     common::took("the whole run", run);

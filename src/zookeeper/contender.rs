@@ -65,6 +65,11 @@ pub struct ZookeeperContender {
     own: Option<Watch>,
     /// While following: the predecessor's node and the watch on it.
     predecessor: Option<(String, Watch)>,
+    /// The predecessor was the holder (the only node ahead of ours).
+    next_in_line: bool,
+    /// `wait` saw the delete of the holder, ahead of any event about our own node: from then
+    /// on we lead, without listing the candidates again.
+    promoted: bool,
     /// A loss seen while leading, kept until the next acquisition, so that dropping `lost`'s
     /// future loses nothing.
     noticed: Option<LockLoss>,
@@ -117,6 +122,8 @@ impl ZookeeperContender {
             sent_create: false,
             own: None,
             predecessor: None,
+            next_in_line: false,
+            promoted: false,
             noticed: None,
         }
     }
@@ -148,6 +155,7 @@ impl ZookeeperContender {
         self.won = false;
         self.own = None;
         self.predecessor = None;
+        self.promoted = false;
         self.noticed = None;
     }
 
@@ -252,6 +260,21 @@ impl ZookeeperContender {
         });
     }
 
+    /// Whether the watch on our own node is armed and has not fired; an event that has
+    /// arrived is taken (and our node forgotten if it was deleted).
+    fn own_still_watched(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match poll_watch(&mut self.own, &mut cx) {
+            Poll::Pending => self.own.is_some(),
+            Poll::Ready(event) => {
+                if event.event_type == zk::EventType::NodeDeleted {
+                    self.forget();
+                }
+                false
+            }
+        }
+    }
+
     /// Whether the session behind our node is known to be gone.
     fn session_gone(&self) -> bool {
         session_gone(&self.zk)
@@ -310,6 +333,19 @@ fn why_gone(zk: &Zk) -> LockLoss {
 impl Contender for ZookeeperContender {
     async fn acquire(&mut self) -> Result<Attempt> {
         self.noticed = None;
+        // The holder's delete arrived before any event about our node: ZooKeeper delivers a
+        // session's watch events in zxid order, and no node can be created ahead of ours, so
+        // ours is the lowest now.
+        if std::mem::take(&mut self.promoted)
+            && let Some(node) = self.node.clone()
+            && self.own_still_watched()
+        {
+            self.won = true;
+            self.mark_term(&node);
+            return Ok(Attempt::Won {
+                fencing_token: token_of(node.czxid),
+            });
+        }
         let client = self.zk.client()?;
         let mut creates = 0;
         for _ in 0..MAX_REREADS {
@@ -363,6 +399,7 @@ impl Contender for ZookeeperContender {
                 continue;
             }
             self.predecessor = Some((predecessor, Box::pin(watcher.changed())));
+            self.next_in_line = position == 1;
             let first = format!("{}/{}", self.path, queue[0].name);
             let holder = match self
                 .backend()
@@ -386,13 +423,16 @@ impl Contender for ZookeeperContender {
             if self.predecessor.is_none() {
                 return Ok(());
             }
+            // Our own node first: an event about it that is already here wins over the
+            // predecessor's, so that a promotion never outlives our node.
             let fired = poll_fn(|cx| {
-                if let Some((_, watch)) = self.predecessor.as_mut()
-                    && let Poll::Ready(event) = watch.as_mut().poll(cx)
-                {
-                    return Poll::Ready(Fired::Predecessor(event));
+                if let Poll::Ready(event) = poll_watch(&mut self.own, cx) {
+                    return Poll::Ready(Fired::Own(event));
                 }
-                poll_watch(&mut self.own, cx).map(Fired::Own)
+                match self.predecessor.as_mut() {
+                    Some((_, watch)) => watch.as_mut().poll(cx).map(Fired::Predecessor),
+                    None => Poll::Pending,
+                }
             })
             .await;
             match fired {
@@ -400,6 +440,9 @@ impl Contender for ZookeeperContender {
                     let Some((path, _)) = self.predecessor.take() else {
                         return Ok(());
                     };
+                    if event.event_type == zk::EventType::NodeDeleted {
+                        self.promoted = self.next_in_line && self.own.is_some();
+                    }
                     if event.event_type != zk::EventType::NodeDataChanged {
                         return Ok(());
                     }
@@ -510,6 +553,7 @@ impl Contender for ZookeeperContender {
         self.predecessor = None;
         self.own = None;
         self.won = false;
+        self.promoted = false;
         self.noticed = None;
         let Some(path) = self.node_path() else {
             return Ok(());

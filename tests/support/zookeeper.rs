@@ -39,6 +39,7 @@ const EXTRA_JARS: [&str; 2] = [
 pub struct ZookeeperServer {
     process: ServerProcess,
     client_addr: SocketAddr,
+    admin_addr: SocketAddr,
     // Declared last so it is removed after the process is killed.
     _dir: TempDir,
 }
@@ -77,6 +78,7 @@ impl ZookeeperServer {
         ZookeeperServer {
             process,
             client_addr,
+            admin_addr,
             _dir: dir,
         }
     }
@@ -84,6 +86,11 @@ impl ZookeeperServer {
     /// The client address, e.g. to put a `Proxy` in front of it.
     pub fn client_addr(&self) -> SocketAddr {
         self.client_addr
+    }
+
+    /// The AdminServer's HTTP address (`GET /commands/srvr`, `/commands/mntr`, …).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
     }
 
     /// The connect string: `127.0.0.1:PORT`.
