@@ -1,0 +1,248 @@
+//! Process-level hand-off: from SIGTERM of the leader's `incumbent run` to the next leader's
+//! command printing its first line, split where the time goes. Printed, never asserted.
+//!
+//! ```text
+//! cargo bench --bench handoff_process --all-features            # file and etcd
+//! cargo bench --bench handoff_process --all-features -- file    # only these sections
+//! ```
+//!
+//! Each round starts two `incumbent --log-format json run` processes (a leads, b follows),
+//! both running `sh -c 'echo up; exec sleep 600'`, then sends SIGTERM to a. The instants are
+//! when this process reads each line (a reader thread per stream): a's `command_stopped`
+//! (its command is gone), a's `stopped` (the lock is released), b's `elected`, b's
+//! `command_started` (the spawn returned), and the first line of b's command on b's stdout.
+//! Reading through pipes adds the same few microseconds to each instant. The etcd section
+//! starts its own one-member etcd on loopback (tests/support).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
+const ROUNDS: usize = 15;
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A line read from a child, when it was read.
+struct Seen {
+    at: Instant,
+    who: &'static str,
+    stream: &'static str,
+    line: String,
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn follow(
+    stream: impl Read + Send + 'static,
+    who: &'static str,
+    name: &'static str,
+    tx: Sender<Seen>,
+) {
+    thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            let seen = Seen {
+                at: Instant::now(),
+                who,
+                stream: name,
+                line,
+            };
+            if tx.send(seen).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn start(backend: &str, election: &str, who: &'static str, tx: &Sender<Seen>) -> Proc {
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "run", "--election", election])
+        .args([
+            "--backend",
+            backend,
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 600",
+        ])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn incumbent run");
+    follow(
+        child.stdout.take().expect("stdout"),
+        who,
+        "stdout",
+        tx.clone(),
+    );
+    follow(
+        child.stderr.take().expect("stderr"),
+        who,
+        "stderr",
+        tx.clone(),
+    );
+    Proc(child)
+}
+
+fn event(seen: &Seen) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(&seen.line).ok()?;
+    value["event"].as_str().map(str::to_owned)
+}
+
+/// Waits for a line of `who` on `stream` (with `event`, on stderr), up to `LIMIT`.
+fn wait_for(rx: &Receiver<Seen>, who: &str, stream: &str, wanted: Option<&str>) -> Option<Instant> {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let seen = rx
+            .recv_timeout(deadline.checked_duration_since(Instant::now())?)
+            .ok()?;
+        if seen.who == who
+            && seen.stream == stream
+            && (wanted.is_none() || event(&seen).as_deref() == wanted)
+        {
+            return Some(seen.at);
+        }
+    }
+}
+
+/// The instants of one hand-off, in microseconds after SIGTERM.
+#[derive(Default)]
+struct Round {
+    command_stopped: f64,
+    released: f64,
+    elected: f64,
+    spawned: f64,
+    first_line: f64,
+}
+
+fn round(backend: &str, n: usize) -> Option<Round> {
+    let election = format!("bench/process-{n}-{}", std::process::id());
+    let (tx, rx) = channel();
+    let a = start(backend, &election, "a", &tx);
+    wait_for(&rx, "a", "stdout", None)?;
+    let b = start(backend, &election, "b", &tx);
+    wait_for(&rx, "b", "stderr", Some("leader"))?;
+    thread::sleep(Duration::from_millis(200));
+    while rx.try_recv().is_ok() {}
+    let sigterm = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe {
+        libc::kill(i32::try_from(a.0.id()).ok()?, libc::SIGTERM);
+    }
+    let mut r = Round::default();
+    let us = |at: Instant| at.duration_since(sigterm).as_secs_f64() * 1e6;
+    let deadline = Instant::now() + LIMIT;
+    let mut got = 0;
+    while got < 5 {
+        let seen = rx
+            .recv_timeout(deadline.checked_duration_since(Instant::now())?)
+            .ok()?;
+        let slot = match (seen.who, seen.stream, event(&seen).as_deref()) {
+            ("a", "stderr", Some("command_stopped")) => &mut r.command_stopped,
+            ("a", "stderr", Some("stopped")) => &mut r.released,
+            ("b", "stderr", Some("elected")) => &mut r.elected,
+            ("b", "stderr", Some("command_started")) => &mut r.spawned,
+            ("b", "stdout", _) => &mut r.first_line,
+            _ => continue,
+        };
+        if *slot == 0.0 {
+            *slot = us(seen.at);
+            got += 1;
+        }
+    }
+    drop(b);
+    drop(a);
+    Some(r)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn section(name: &str, backend: &str) {
+    let rounds: Vec<Round> = (0..ROUNDS).filter_map(|n| round(backend, n)).collect();
+    let med = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect()) / 1000.0;
+    println!(
+        "{name}: {} rounds; medians, ms after SIGTERM of the leader's supervisor:",
+        rounds.len()
+    );
+    println!(
+        "  old leader's command stopped (reported)  {:7.2}",
+        med(|r| r.command_stopped)
+    );
+    println!(
+        "  old leader's lock released (reported)    {:7.2}",
+        med(|r| r.released)
+    );
+    println!(
+        "  new leader elected (reported)            {:7.2}",
+        med(|r| r.elected)
+    );
+    println!(
+        "  new leader's spawn returned (reported)   {:7.2}",
+        med(|r| r.spawned)
+    );
+    println!(
+        "  new leader's command's first line        {:7.2}  [target on etcd: <= 3 ms]",
+        med(|r| r.first_line)
+    );
+    println!("  splits (medians of per-round differences), ms:");
+    let split = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect()) / 1000.0;
+    println!(
+        "    SIGTERM -> command stopped              {:7.2}",
+        split(|r| r.command_stopped)
+    );
+    println!(
+        "    command stopped -> lock released        {:7.2}",
+        split(|r| r.released - r.command_stopped)
+    );
+    println!(
+        "    released -> next elected (store)        {:7.2}",
+        split(|r| r.elected - r.released)
+    );
+    println!(
+        "    elected -> spawn returned               {:7.2}",
+        split(|r| r.spawned - r.elected)
+    );
+    println!(
+        "    spawn returned -> command's first line  {:7.2}",
+        split(|r| r.first_line - r.spawned)
+    );
+}
+
+fn main() {
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    if wanted("file") {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        section("file", &format!("file://{}", dir.path().display()));
+    }
+    #[cfg(feature = "etcd")]
+    if wanted("etcd") {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let etcd = runtime.block_on(support::EtcdServer::single());
+        section("etcd", &format!("etcd://{}", etcd.client_addr()));
+        drop(etcd);
+    }
+}
