@@ -179,8 +179,8 @@
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
 //! | `zookeeper` | `zookeeper` | a ZooKeeper session, ephemeral sequential candidate nodes, predecessor watches, czxid tokens; disconnected (suspended) vs expired sessions |
 //! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |
+//! | `memcached` | `memcached` | `add`/`gets`+`cas` on one key, an `incr` counter, polling; **best effort only**: eviction or a restart loses the lock (see its module docs) |
 //!
-//! A memcached backend is planned; no feature exists for it yet.
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
 //! means implementing the contract in [`backend`].
 //!
@@ -204,6 +204,8 @@ mod event;
 pub mod file;
 #[cfg(feature = "axum")]
 pub mod http;
+#[cfg(feature = "memcached")]
+pub mod memcached;
 pub mod memory;
 pub mod metrics;
 #[cfg(feature = "redis")]

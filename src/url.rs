@@ -6,6 +6,7 @@
 //! | `memory:` | [`MemoryBackend`](crate::memory::MemoryBackend) (this process only) | always |
 //! | `etcd://host:port[,host:port…][/prefix]` | etcd | `etcd` |
 //! | `consul://host:port[/prefix]` | Consul | `consul` |
+//! | `memcached://host:port` | memcached (best effort: see its module docs) | `memcached` |
 //! | `redis://host:port[/db]` | Redis (database `db`, default 0; `rediss://` (TLS) is not supported yet) | `redis` |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //!
@@ -98,6 +99,11 @@ pub enum BackendUrl {
         /// Key prefix, if given.
         prefix: Option<String>,
     },
+    /// A memcached server (`host:port`).
+    Memcached {
+        /// The server's address, `host:port`.
+        address: String,
+    },
     /// A Redis server (`host:port`) and database number.
     Redis {
         /// The server's address, `host:port`.
@@ -115,14 +121,14 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix], redis://host:port[/db] or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix], redis://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
 
 /// Where credentials go instead of the URL.
 const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
      ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
      CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul, \
      INCUMBENT_ZK_AUTH=user:password for ZooKeeper, \
-     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis";
+     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis (memcached has no authentication)";
 
 fn bad(reason: String) -> Error {
     Error::InvalidConfig {
@@ -235,10 +241,22 @@ impl FromStr for BackendUrl {
                 }
             }
             "zk" => zk_url(&shown, rest),
-            "memcached" => Err(bad(format!(
-                "{shown:?}: the {scheme} backend is not available in this version; {FORMS}"
-            ))),
             "redis" => redis_url(&shown, rest),
+            "memcached" => {
+                if rest.contains(['?', '#']) || rest.trim_start_matches("//").contains('/') {
+                    return Err(bad(format!(
+                        "{shown:?}: write memcached://host:port (no path, no query string)"
+                    )));
+                }
+                let rest = rest.strip_prefix("//").unwrap_or(rest);
+                let (hosts, _) = hosts_and_prefix(&shown, rest)?;
+                if hosts.len() > 1 {
+                    return Err(bad(format!("{shown:?}: name one memcached server")));
+                }
+                Ok(BackendUrl::Memcached {
+                    address: rest.to_owned(),
+                })
+            }
             "rediss" => Err(bad(format!(
                 "{shown:?}: TLS to Redis (rediss://) is not supported yet; reach Redis over \
                  a trusted network or a TLS tunnel (stunnel, spiped), as redis://host:port[/db]"
@@ -286,6 +304,7 @@ impl fmt::Display for BackendUrl {
                 write!(f, "consul://{}{}", strip(address), prefix(p))
             }
             BackendUrl::Redis { address, db } => write!(f, "redis://{}/{db}", redact(address)),
+            BackendUrl::Memcached { address } => write!(f, "memcached://{}", redact(address)),
         }
     }
 }
@@ -321,6 +340,10 @@ impl fmt::Debug for BackendUrl {
                 .field("address", &redact(address))
                 .field("prefix", &prefix(p))
                 .finish(),
+            BackendUrl::Memcached { address } => f
+                .debug_struct("Memcached")
+                .field("address", &redact(address))
+                .finish(),
             BackendUrl::Redis { address, db } => f
                 .debug_struct("Redis")
                 .field("address", &redact(address))
@@ -350,6 +373,7 @@ impl BackendUrl {
                 connect_consul(address, prefix.as_deref(), code).await
             }
             BackendUrl::Redis { address, db } => connect_redis(address, *db, code).await,
+            BackendUrl::Memcached { address } => connect_memcached(address, code).await,
         }
     }
 }
@@ -485,6 +509,17 @@ async fn connect_redis<V: WithBackend>(address: &str, db: i64, code: V) -> Resul
 #[cfg(not(feature = "redis"))]
 async fn connect_redis<V: WithBackend>(_address: &str, _db: i64, _code: V) -> Result<V::Output> {
     Err(not_compiled("redis"))
+}
+
+#[cfg(feature = "memcached")]
+async fn connect_memcached<V: WithBackend>(address: &str, code: V) -> Result<V::Output> {
+    let backend = crate::memcached::MemcachedBackend::connect(address).await?;
+    Ok(code.call(backend).await)
+}
+
+#[cfg(not(feature = "memcached"))]
+async fn connect_memcached<V: WithBackend>(_address: &str, _code: V) -> Result<V::Output> {
+    Err(not_compiled("memcached"))
 }
 
 #[cfg(all(feature = "file", unix))]
@@ -689,6 +724,24 @@ mod tests {
         }
         let url: BackendUrl = "redis://h:6379/3".parse().expect("valid");
         assert_eq!(url.to_string(), "redis://h:6379/3");
+    }
+
+    #[test]
+    fn memcached_urls_name_one_server() {
+        assert_eq!(
+            "memcached://127.0.0.1:11211".parse::<BackendUrl>().ok(),
+            Some(BackendUrl::Memcached {
+                address: "127.0.0.1:11211".into()
+            })
+        );
+        for (url, hint) in [
+            ("memcached://h", "not host:port"),
+            ("memcached://a:1,b:2", "one memcached server"),
+            ("memcached://h:1/x", "no path"),
+        ] {
+            let err = url.parse::<BackendUrl>().unwrap_err().to_string();
+            assert!(err.contains(hint), "{url}: {err}");
+        }
     }
 
     #[test]

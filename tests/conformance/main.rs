@@ -134,3 +134,23 @@ conformance!(
         the_status_stops_saying_leader_with_the_term,
     ]
 );
+
+// memcached: like Redis, a session is the renewal of the keys it holds (nothing to expire
+// while waiting), and a restart loses every key and counter (the counter that went back is
+// raised past the last token the candidates saw, and the next term starts a ttl later).
+#[cfg(feature = "memcached")]
+conformance!(
+    memcached,
+    crate::stores::Memcached,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
+    ]
+);

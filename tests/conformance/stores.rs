@@ -543,3 +543,57 @@ impl Store for Redis {
         server.process().restart().await;
     }
 }
+
+/// memcached: a server per test on loopback, polled every 100 ms.
+#[cfg(feature = "memcached")]
+#[derive(Clone)]
+pub struct Memcached {
+    addr: std::net::SocketAddr,
+}
+
+#[cfg(feature = "memcached")]
+impl Memcached {
+    async fn backend(addr: std::net::SocketAddr) -> incumbent::memcached::MemcachedBackend {
+        incumbent::memcached::MemcachedBackend::builder(addr.to_string())
+            .poll_interval(Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("connect to memcached")
+    }
+}
+
+#[cfg(feature = "memcached")]
+impl Store for Memcached {
+    type Backend = incumbent::memcached::MemcachedBackend;
+    type Server = crate::support::MemcachedServer;
+
+    async fn start() -> (Self, crate::support::MemcachedServer) {
+        let server = crate::support::MemcachedServer::start().await;
+        let addr = server.addr();
+        (Memcached { addr }, server)
+    }
+
+    async fn connect(&self) -> incumbent::memcached::MemcachedBackend {
+        Self::backend(self.addr).await
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// A backend that reaches memcached through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::memcached::MemcachedBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.addr));
+        let backend = Self::backend(proxy.addr()).await;
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Restarts the server on the same port: it comes back empty.
+    async fn restart(server: &mut crate::support::MemcachedServer) {
+        server.process().restart().await;
+    }
+}

@@ -16,6 +16,7 @@ pub mod consul;
 pub mod etcd;
 pub mod events;
 pub mod http;
+pub mod memcached;
 pub mod net;
 pub mod process;
 pub mod proxy;
@@ -27,6 +28,7 @@ pub mod zookeeper;
 pub use self::{
     consul::ConsulDev,
     etcd::{EtcdCluster, EtcdServer},
+    memcached::MemcachedServer,
     process::{Probe, ServerProcess},
     proxy::Proxy,
     redis::RedisServer,

@@ -17,7 +17,7 @@ use super::process::{Probe, ServerProcess};
 pub struct RedisServer {
     process: ServerProcess,
     addr: SocketAddr,
-    _probe: PingShim,
+    _probe: TextProbe,
     // Declared last so it is removed after the process is killed.
     _dir: TempDir,
 }
@@ -57,7 +57,7 @@ impl RedisServer {
         if let Some(flags) = notifications {
             args.extend(["--notify-keyspace-events".into(), flags.into()]);
         }
-        let probe = PingShim::start(addr);
+        let probe = TextProbe::start(addr, b"PING\r\n");
         let mut process = ServerProcess::spawn(
             "redis",
             redis,
@@ -90,16 +90,19 @@ impl RedisServer {
     }
 }
 
-/// The harness's readiness probes speak HTTP, Redis does not (it drops connections that look
-/// like HTTP): a loopback HTTP responder whose every answer is `200` with the body Redis
-/// gave to a `PING` (`+PONG` when ready), and `503` when Redis cannot be reached.
-struct PingShim {
-    addr: SocketAddr,
+/// The harness's readiness probes speak HTTP, Redis and memcached do not (Redis drops
+/// connections that look like HTTP): a loopback HTTP responder whose every answer is `200`
+/// with the body the server gave to `request` (`+PONG` to Redis's `PING`), and `503` when
+/// the server cannot be reached.
+pub struct TextProbe {
+    /// The responder's HTTP address, for `Probe::Http`.
+    pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
 }
 
-impl PingShim {
-    fn start(redis: SocketAddr) -> Self {
+impl TextProbe {
+    /// Starts answering probes for the server at `server`.
+    pub fn start(server: SocketAddr, request: &'static [u8]) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the ping shim");
         let addr = listener.local_addr().expect("the ping shim's address");
         let stop = Arc::new(AtomicBool::new(false));
@@ -113,7 +116,7 @@ impl PingShim {
                 // Reads the request first: closing on unread bytes would reset the connection.
                 let _ = client.set_read_timeout(Some(Duration::from_secs(1)));
                 let _ = client.read(&mut [0; 1024]);
-                let reply = ping(redis);
+                let reply = ask(server, request);
                 let status = if reply.is_some() {
                     "200 OK"
                 } else {
@@ -127,11 +130,11 @@ impl PingShim {
                 );
             }
         });
-        PingShim { addr, stop }
+        TextProbe { addr, stop }
     }
 }
 
-impl Drop for PingShim {
+impl Drop for TextProbe {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         // Wakes the accept loop so that it sees the flag.
@@ -139,11 +142,11 @@ impl Drop for PingShim {
     }
 }
 
-/// Redis's answer to `PING`, bounded by a second.
-fn ping(redis: SocketAddr) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&redis, Duration::from_secs(1)).ok()?;
+/// The server's answer to `request`, bounded by a second.
+fn ask(server: SocketAddr, request: &[u8]) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&server, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream.write_all(b"PING\r\n").ok()?;
+    stream.write_all(request).ok()?;
     let mut buffer = [0; 64];
     let read = stream.read(&mut buffer).ok()?;
     Some(String::from_utf8_lossy(&buffer[..read]).into_owned())

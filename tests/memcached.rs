@@ -1,0 +1,129 @@
+//! The memcached backend against real memcached servers: what is particular to memcached (a
+//! restart that loses the lock and the counter, whole-second ttls, operators deleting keys).
+//! The behaviour every backend shares is in the conformance suite.
+
+mod support;
+
+use std::time::Duration;
+
+use incumbent::backend::{Backend, SessionOptions, Wakeup};
+use incumbent::memcached::MemcachedBackend;
+use incumbent::{DemotionReason, Election, Error};
+use support::MemcachedServer;
+use support::events::{demoted, elected};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
+
+/// The ttl of most tests.
+const TTL: Duration = Duration::from_secs(2);
+/// How long any expected event may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+/// The poll interval of the tests.
+const POLL: Duration = Duration::from_millis(100);
+
+async fn connect(server: &MemcachedServer) -> MemcachedBackend {
+    MemcachedBackend::builder(server.addr().to_string())
+        .poll_interval(POLL)
+        .connect()
+        .await
+        .expect("connect to memcached")
+}
+
+fn election(backend: &MemcachedBackend, name: &str, candidate: &str) -> Election<MemcachedBackend> {
+    Election::builder(backend.clone(), name)
+        .candidate(candidate)
+        .ttl(TTL)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(Duration::from_millis(100))
+        .build()
+        .expect("valid election")
+}
+
+/// One text-protocol command, as an operator would send it with `nc`; the first reply line.
+async fn operator(server: &MemcachedServer, command: &str) -> String {
+    let stream = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("operator connection");
+    let mut stream = BufReader::new(stream);
+    stream
+        .get_mut()
+        .write_all(format!("{command}\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut line = String::new();
+    stream.read_line(&mut line).await.expect("reply");
+    line.trim_end().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_demotes_the_leader_at_its_next_renewal_and_tokens_still_grow() {
+    let mut server = MemcachedServer::start().await;
+    let backend = connect(&server).await;
+    let mut a = election(&backend, "restart", "a").campaign();
+    let first = elected(&mut a, PATIENCE).await;
+    server.process().restart().await;
+    let restarted = Instant::now();
+    // Key and counter are gone: the next renewal finds out, and the explanation says the
+    // store lost the session, not that someone deleted the key.
+    assert_eq!(
+        demoted(&mut a, PATIENCE).await,
+        DemotionReason::SessionExpired
+    );
+    println!("demoted {:?} after the restart", restarted.elapsed());
+    // The counter went back to zero: it is raised past the last token, and the next term
+    // comes a ttl later.
+    let second = elected(&mut a, PATIENCE).await;
+    assert!(second.fencing_token() > first.fencing_token());
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_key_ends_the_term_as_key_deleted() {
+    let server = MemcachedServer::start().await;
+    let backend = connect(&server).await;
+    let mut a = election(&backend, "deleted", "a").campaign();
+    let term = elected(&mut a, PATIENCE).await;
+    let reply = operator(&server, &format!("delete {}", backend.key("deleted"))).await;
+    assert_eq!(reply, "DELETED");
+    assert_eq!(demoted(&mut a, PATIENCE).await, DemotionReason::KeyDeleted);
+    assert!(term.is_cancelled());
+    let again = elected(&mut a, PATIENCE).await;
+    assert!(again.fencing_token() > term.fencing_token());
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttls_must_be_whole_seconds() {
+    let server = MemcachedServer::start().await;
+    let backend = connect(&server).await;
+    let options = SessionOptions {
+        ttl: Duration::from_millis(2500),
+        renew_interval: Duration::from_millis(800),
+        lock_delay: None,
+        name: "t".into(),
+    };
+    let error = backend.open_session(&options).await.unwrap_err();
+    assert!(matches!(error, Error::InvalidTiming { .. }), "{error}");
+    assert!(error.to_string().contains("whole seconds"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_poll_and_say_so() {
+    let server = MemcachedServer::start().await;
+    let backend = connect(&server).await;
+    assert_eq!(backend.info().wakeup, Wakeup::Poll(POLL));
+    // A hand-off between two processes (two backends): the follower's poll finds it.
+    let other = connect(&server).await;
+    let mut a = election(&backend, "poll", "a").campaign();
+    elected(&mut a, PATIENCE).await;
+    let mut b = election(&other, "poll", "b").campaign();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    a.shutdown().await.expect("shutdown");
+    elected(&mut b, PATIENCE).await;
+    println!(
+        "hand-off by polling every {POLL:?}: {:?}",
+        released.elapsed()
+    );
+    b.shutdown().await.expect("shutdown");
+}
