@@ -1,7 +1,7 @@
 //! The ZooKeeper backend against a real ZooKeeper server: what is particular to ZooKeeper
 //! (predecessor watches that wake one candidate, czxids as fencing tokens, sessions that
-//! expire or survive a reconnect, digest ACLs and chroots, the negotiated timeout). The
-//! behaviour every backend shares is in the conformance suite.
+//! expire or survive a reconnect, digest ACLs and chroots, the negotiated timeout, a member
+//! of an ensemble lost). The behaviour every backend shares is in the conformance suite.
 
 mod support;
 
@@ -13,6 +13,7 @@ use incumbent::backend::{
 use incumbent::zookeeper::ZookeeperBackend;
 use incumbent::{DemotionReason, Election, Error};
 use support::events::{demoted, elected};
+use support::zookeeper::ZookeeperEnsemble;
 use support::{Proxy, ZookeeperServer};
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;
@@ -328,4 +329,43 @@ async fn a_paused_server_fences_the_leader_and_the_term_ends_before_the_session(
     // The leader comes back once the server answers again.
     let event = elected(&mut campaign, PATIENCE).await;
     assert!(event.fencing_token() >= term.fencing_token());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_member_of_three_keeps_the_leader() {
+    let mut ensemble = ZookeeperEnsemble::three().await;
+    let connect_string = ensemble.connect_string();
+    // A session timeout long enough for the ensemble to elect a new quorum leader, should
+    // the member that goes be the quorum's leader.
+    let ttl = Duration::from_secs(6);
+    let leader_backend = connect(&connect_string).await;
+    let mut leader = Election::builder(leader_backend, "ensemble")
+        .candidate("a")
+        .ttl(ttl)
+        .build()
+        .expect("valid election")
+        .campaign();
+    let term = elected(&mut leader, PATIENCE).await;
+    let follower_backend = connect(&connect_string).await;
+    let follower = Election::builder(follower_backend, "ensemble")
+        .candidate("b")
+        .ttl(ttl)
+        .build()
+        .expect("valid election")
+        .campaign();
+    sleep(Duration::from_millis(500)).await;
+    // Each member in turn would do; the first is the one every client tried first.
+    ensemble.member(0).kill9();
+    sleep(ttl * 2).await;
+    assert!(
+        !term.is_cancelled(),
+        "the leader lost its term with one member of three gone"
+    );
+    assert!(leader.status().borrow().is_leader());
+    assert!(!follower.status().borrow().is_leader());
+    let observer_backend = connect(&connect_string).await;
+    let mut observer = observer_backend.observe("ensemble").await.expect("observe");
+    let holder = observer.next().await.expect("read").expect("a holder");
+    assert_eq!(holder.candidate.id, "a");
+    assert_eq!(holder.fencing_token, Some(term.fencing_token()));
 }

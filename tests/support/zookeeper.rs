@@ -1,5 +1,6 @@
-//! ZooKeeper on loopback: a standalone server from Debian's `zookeeper` package, run
-//! straight from its jar (`ZooKeeperServerMain`), in a temp dir, killed on drop.
+//! ZooKeeper on loopback: a standalone server ([`ZookeeperServer`], `ZooKeeperServerMain`)
+//! or a three-member ensemble ([`ZookeeperEnsemble`], `QuorumPeerMain`) from Debian's
+//! `zookeeper` package, run straight from its jar, in a temp dir, killed on drop.
 //!
 //! The tick is short ([`TICK_MS`]) so that session timeouts of a second or two are allowed
 //! and expiry is detected within a tick. Readiness is probed on the AdminServer's `ruok`
@@ -101,6 +102,94 @@ impl ZookeeperServer {
     /// The process, to kill, pause, resume or restart it.
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process
+    }
+}
+
+/// A three-member ZooKeeper ensemble on loopback, each member with its own client, quorum,
+/// election and admin ports and data directory; killed on drop.
+pub struct ZookeeperEnsemble {
+    members: Vec<ServerProcess>,
+    client_addrs: Vec<SocketAddr>,
+    // Declared last so it is removed after the processes are killed.
+    _dir: TempDir,
+}
+
+impl ZookeeperEnsemble {
+    /// Starts three members and waits until each serves requests (which needs a quorum).
+    pub async fn three() -> Self {
+        let java = find_binary("java");
+        let classpath = classpath();
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-zookeeper-ensemble-")
+            .tempdir()
+            .expect("create a zookeeper temp dir");
+        let client_addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+        let admin_addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+        let servers: String = (1..=3)
+            .map(|id| {
+                let (quorum, election) = (free_addr(), free_addr());
+                format!(
+                    "server.{id}={}:{}:{}\n",
+                    quorum.ip(),
+                    quorum.port(),
+                    election.port()
+                )
+            })
+            .collect();
+        let mut members = Vec::new();
+        for i in 0..3 {
+            let member = dir.path().join(format!("zk{}", i + 1));
+            std::fs::create_dir_all(member.join("data")).expect("create the data dir");
+            std::fs::write(member.join("data/myid"), format!("{}\n", i + 1)).expect("write myid");
+            let config = member.join("zoo.cfg");
+            let text = format!(
+                "{}initLimit=10\nsyncLimit=5\n{servers}",
+                config_text(&member, client_addrs[i], admin_addrs[i])
+            );
+            std::fs::write(&config, text).expect("write zoo.cfg");
+            let args = vec![
+                "-Xmx256m".to_owned(),
+                "-cp".to_owned(),
+                classpath.clone(),
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_owned(),
+                config.display().to_string(),
+            ];
+            let probe = Probe::Http {
+                addr: admin_addrs[i],
+                path: "/commands/ruok",
+                check: is_serving,
+            };
+            let name = format!("zookeeper{}", i + 1);
+            members.push(ServerProcess::spawn(
+                &name,
+                java.clone(),
+                args,
+                dir.path(),
+                probe,
+            ));
+        }
+        for member in &mut members {
+            member.wait_ready().await;
+        }
+        ZookeeperEnsemble {
+            members,
+            client_addrs,
+            _dir: dir,
+        }
+    }
+
+    /// The connect string of all members: `127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn connect_string(&self) -> String {
+        self.client_addrs
+            .iter()
+            .map(SocketAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Member `index`'s process, to kill, pause, resume or restart it.
+    pub fn member(&mut self, index: usize) -> &mut ServerProcess {
+        &mut self.members[index]
     }
 }
 
