@@ -49,18 +49,20 @@ async fn operator(addr: SocketAddr) -> redis::aio::MultiplexedConnection {
         .expect("operator connection")
 }
 
-/// `a` leads; `b` follows; `a` shuts down (releasing the lock): how long until `b` leads.
-async fn hand_off(backend: &RedisBackend) -> Duration {
+/// `a` leads on one backend; `b` follows on another (as in another process); `a` resigns
+/// (releasing the lock): how long until `b` leads.
+async fn hand_off(backend: &RedisBackend, other: &RedisBackend) -> Duration {
     let mut a = election(backend, "hand-off", "a").campaign();
     elected(&mut a, PATIENCE).await;
-    let mut b = election(backend, "hand-off", "b").campaign();
+    let mut b = election(other, "hand-off", "b").campaign();
     // Let b try once and settle into waiting.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released = Instant::now();
-    a.shutdown().await.expect("shutdown");
+    a.resign().await.expect("resign");
     elected(&mut b, PATIENCE).await;
     let took = released.elapsed();
     b.shutdown().await.expect("shutdown");
+    a.shutdown().await.expect("shutdown");
     took
 }
 
@@ -111,7 +113,8 @@ async fn hand_off_with_keyspace_notifications_needs_no_poll() {
     let backend = connect(server.addr(), Notifications::IfEnabled).await;
     assert!(backend.notifications_active());
     assert_eq!(backend.info().wakeup, Wakeup::Push);
-    let took = hand_off(&backend).await;
+    let other = connect(server.addr(), Notifications::IfEnabled).await;
+    let took = hand_off(&backend, &other).await;
     println!("hand-off with keyspace notifications: {took:?}");
     // Well before the safety-net poll (at least 3.75 s): the notification woke b.
     assert!(took < Duration::from_secs(2), "hand-off took {took:?}");
@@ -123,7 +126,8 @@ async fn hand_off_without_keyspace_notifications_polls() {
     let backend = connect(server.addr(), Notifications::IfEnabled).await;
     assert!(!backend.notifications_active());
     assert_eq!(backend.info().wakeup, Wakeup::Poll(POLL));
-    let took = hand_off(&backend).await;
+    let other = connect(server.addr(), Notifications::IfEnabled).await;
+    let took = hand_off(&backend, &other).await;
     println!("hand-off by polling every {POLL:?}: {took:?}");
 }
 

@@ -39,7 +39,7 @@ fn value_of(leader: &Leader, fencing_token: FencingToken, owner: &str) -> Vec<u8
 /// - [`lost`](Contender::lost) resolves when the session's renewal finds the key gone or
 ///   another's, or when the session is lost; [`explain`](Contender::explain) tells a deleted
 ///   key from a memcached that lost its data (the counter gone or below our token).
-/// - [`release`](Contender::release) is a checked delete. For two poll intervals after it,
+/// - [`release`](Contender::release) is a checked delete. For four poll intervals after it,
 ///   `acquire` of the free key by this backend's other contenders returns
 ///   [`Attempt::Delayed`] (unless they were following it, and woken by the release): the
 ///   followers in other processes poll, and without it a resigning leader's campaign would

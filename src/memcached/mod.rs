@@ -97,6 +97,10 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 /// How often followers poll unless [`MemcachedBuilder::poll_interval`] says otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// After a release by a contender of a backend whose followers poll, how many poll intervals
+/// the backend's other contenders leave the free key to followers in other processes (which
+/// would otherwise lose the race to the resigning campaign's own retry).
+pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`MemcachedBuilder::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -291,10 +295,10 @@ impl MemcachedBackend {
         }
     }
 
-    /// Starts the courtesy after a release of `key`: two poll intervals during which this
+    /// Starts the courtesy after a release of `key`: four poll intervals during which this
     /// backend's contenders that were not following it leave it to the others.
     fn courtesy_from_now(&self, key: &str) {
-        let until = tokio::time::Instant::now() + self.inner.poll_interval * 2;
+        let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
         lock(&self.inner.courtesy).insert(key.to_owned(), until);
     }
 

@@ -66,7 +66,11 @@ return 0
 /// - [`lost`](Contender::lost) resolves when the session's renewal finds the key gone
 ///   ([`LockLoss::Deleted`]) or another's ([`LockLoss::Taken`]), or when the session is lost.
 ///   [`explain`](Contender::explain) tells a vanished key from a Redis that lost its data.
-/// - [`release`](Contender::release) deletes the key if it still holds our value.
+/// - [`release`](Contender::release) deletes the key if it still holds our value, and wakes
+///   this backend's followers of it. While followers poll (notifications off), the other
+///   contenders of this backend that were not following it leave the free key alone for two
+///   poll intervals ([`Attempt::Delayed`]): followers in other processes poll, and without
+///   it a resigning leader's campaign would win its own lock back every time.
 pub struct RedisContender {
     backend: RedisBackend,
     session: Arc<Shared>,
@@ -86,6 +90,11 @@ pub struct RedisContender {
     loss: Option<watch::Receiver<Option<LockLoss>>>,
     /// Keyspace notifications for the key, when on.
     wake: Option<watch::Receiver<u64>>,
+    /// Releases of the key by this backend's contenders.
+    local: watch::Receiver<u64>,
+    /// Whether the last `wait` was ended by a release in this backend: such a follower is
+    /// the one the release hands the lock to.
+    woken: bool,
 }
 
 impl std::fmt::Debug for RedisContender {
@@ -129,6 +138,7 @@ impl RedisContender {
             NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed)
         );
         let wake = backend.subscribe(&key);
+        let local = backend.releases(&key);
         RedisContender {
             backend,
             session,
@@ -141,6 +151,8 @@ impl RedisContender {
             last: None,
             loss: None,
             wake,
+            local,
+            woken: false,
         }
     }
 
@@ -175,6 +187,8 @@ impl Contender for RedisContender {
         if let Some(wake) = &mut self.wake {
             wake.borrow_and_update();
         }
+        self.local.borrow_and_update();
+        let woken = std::mem::take(&mut self.woken);
         if let Some(fencing_token) = self.held {
             if self.get().await?.as_deref() == Some(self.value.as_str()) {
                 return Ok(Attempt::Won { fencing_token });
@@ -186,6 +200,11 @@ impl Contender for RedisContender {
             fencing_token: None,
             since_unix_ms: Some(unix_ms_now()),
         };
+        if !woken && let Some(until) = self.backend.courtesy(&self.key) {
+            // This backend released the lock a moment ago and followers poll: those in other
+            // processes would lose the race to our own retry every time.
+            return Ok(Attempt::Delayed { until });
+        }
         let (before, after) = value_parts(&leader, &self.owner);
         let floor = self.backend.saw(&self.key, None);
         let mut conn = self.backend.conn();
@@ -243,7 +262,7 @@ impl Contender for RedisContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        self.backend.pause(&mut self.wake).await;
+        self.woken = self.backend.pause(&mut self.wake, &mut self.local).await;
         Ok(())
     }
 
@@ -350,6 +369,7 @@ impl Contender for RedisContender {
             .await
             .map_err(from_redis);
         self.forget();
+        self.backend.released(&self.key);
         released.map(drop)
     }
 }

@@ -148,6 +148,10 @@ pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often followers poll while keyspace notifications are on, in case one was lost.
 pub const SAFETY_NET_POLL: Duration = Duration::from_secs(5);
+/// After a release by a contender of a backend whose followers poll, how many poll intervals
+/// the backend's other contenders leave the free key to followers in other processes (which
+/// would otherwise lose the race to the resigning campaign's own retry).
+pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`RedisConfig::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -375,6 +379,8 @@ impl RedisBuilder {
                 notifier,
                 sessions: SessionPool::default(),
                 seen: Mutex::new(HashMap::new()),
+                released: Mutex::new(HashMap::new()),
+                courtesy: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -402,6 +408,12 @@ struct Inner {
     sessions: SessionPool<session::Shared>,
     /// The highest fencing token seen per election key, the floor of the next acquisition.
     seen: Mutex<HashMap<String, u64>>,
+    /// Bumped per key when a contender of this backend releases it: followers in this
+    /// process wake at once, whatever the notifications.
+    released: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
+    /// Per key released by this backend while followers poll, until when it is left to the
+    /// others.
+    courtesy: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -481,23 +493,65 @@ impl RedisBackend {
         base.mul_f64(0.75 + fastrand::f64() * 0.5)
     }
 
-    /// Sleeps until the next poll, or until a notification for `key` comes.
-    async fn pause(&self, wake: &mut Option<tokio::sync::watch::Receiver<u64>>) {
-        let pause = tokio::time::sleep(self.poll_pause());
-        tokio::pin!(pause);
-        match wake {
-            Some(wake) => {
-                tokio::select! {
-                    changed = wake.changed() => {
-                        if changed.is_err() {
-                            // The notifier is gone: fall back to the poll.
-                            pause.await;
-                        }
-                    }
-                    () = &mut pause => {}
+    /// Changes whenever a contender of this backend releases `key`.
+    fn releases(&self, key: &str) -> tokio::sync::watch::Receiver<u64> {
+        lock(&self.inner.released)
+            .entry(key.to_owned())
+            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// After a contender of this backend released `key`: wakes this backend's followers of
+    /// it, and while followers poll, leaves the key to the others for four poll intervals
+    /// (see [`RedisContender`]).
+    fn released(&self, key: &str) {
+        {
+            let mut released = lock(&self.inner.released);
+            if let Some(sender) = released.get(key) {
+                if sender.receiver_count() == 0 {
+                    released.remove(key);
+                } else {
+                    sender.send_modify(|n| *n = n.wrapping_add(1));
                 }
             }
-            None => pause.await,
+        }
+        if self.inner.notifier.is_none() {
+            let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
+            lock(&self.inner.courtesy).insert(key.to_owned(), until);
+        }
+    }
+
+    /// The end of the courtesy for `key`, while it runs.
+    fn courtesy(&self, key: &str) -> Option<tokio::time::Instant> {
+        let mut courtesy = lock(&self.inner.courtesy);
+        let now = tokio::time::Instant::now();
+        courtesy.retain(|_, until| *until > now);
+        courtesy.get(key).copied()
+    }
+
+    /// Sleeps until the next poll, a notification for the key, or a release of it by this
+    /// backend; whether the release ended it.
+    async fn pause(
+        &self,
+        wake: &mut Option<tokio::sync::watch::Receiver<u64>>,
+        local: &mut tokio::sync::watch::Receiver<u64>,
+    ) -> bool {
+        let pause = tokio::time::sleep(self.poll_pause());
+        tokio::pin!(pause);
+        let notified = async {
+            let changed = match wake {
+                Some(wake) => wake.changed().await.is_ok(),
+                None => false,
+            };
+            if !changed {
+                // No notifications, or the notifier is gone: only the poll.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            changed = local.changed() => changed.is_ok(),
+            () = notified => false,
+            () = &mut pause => false,
         }
     }
 }

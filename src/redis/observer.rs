@@ -16,6 +16,8 @@ pub struct RedisObserver {
     /// The holder last reported; `None` before the first report.
     last: Option<Option<Leader>>,
     wake: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Releases of the key by this backend's contenders.
+    local: tokio::sync::watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for RedisObserver {
@@ -29,11 +31,13 @@ impl std::fmt::Debug for RedisObserver {
 impl RedisObserver {
     pub(super) fn new(backend: RedisBackend, key: String) -> Self {
         let wake = backend.subscribe(&key);
+        let local = backend.releases(&key);
         RedisObserver {
             backend,
             key,
             last: None,
             wake,
+            local,
         }
     }
 }
@@ -42,11 +46,12 @@ impl Observer for RedisObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
             if self.last.is_some() {
-                self.backend.pause(&mut self.wake).await;
+                let _ = self.backend.pause(&mut self.wake, &mut self.local).await;
             }
             if let Some(wake) = &mut self.wake {
                 wake.borrow_and_update();
             }
+            self.local.borrow_and_update();
             let mut conn = self.backend.conn();
             let value: Option<Vec<u8>> = ::redis::cmd("GET")
                 .arg(&self.key)
