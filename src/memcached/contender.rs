@@ -60,6 +60,8 @@ pub struct MemcachedContender {
     /// Whether the last `wait` was ended by a release in this backend: such a follower is
     /// the one the release hands the lock to.
     woken: bool,
+    /// When the pending poll of `wait` is due.
+    poll_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for MemcachedContender {
@@ -99,6 +101,7 @@ impl MemcachedContender {
             loss: None,
             wake,
             woken: false,
+            poll_at: None,
         }
     }
 
@@ -229,7 +232,7 @@ impl Contender for MemcachedContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        self.woken = self.backend.pause(&mut self.wake).await;
+        self.woken = self.backend.pause(&mut self.wake, &mut self.poll_at).await;
         Ok(())
     }
 
@@ -356,6 +359,7 @@ pub struct MemcachedObserver {
     key: String,
     last: Option<Option<Leader>>,
     wake: watch::Receiver<u64>,
+    poll_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for MemcachedObserver {
@@ -374,6 +378,7 @@ impl MemcachedObserver {
             key,
             last: None,
             wake,
+            poll_at: None,
         }
     }
 }
@@ -382,7 +387,7 @@ impl Observer for MemcachedObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
             if self.last.is_some() {
-                let _ = self.backend.pause(&mut self.wake).await;
+                let _ = self.backend.pause(&mut self.wake, &mut self.poll_at).await;
             }
             self.wake.borrow_and_update();
             let item = self.backend.client().get(&self.key).await?;

@@ -284,15 +284,28 @@ impl MemcachedBackend {
 
     /// Sleeps for the jittered poll interval, or until a contender of this backend
     /// releases the key `wake` follows; whether a release ended it.
-    async fn pause(&self, wake: &mut watch::Receiver<u64>) -> bool {
-        let pause = self
-            .inner
-            .poll_interval
-            .mul_f64(0.75 + fastrand::f64() * 0.5);
-        tokio::select! {
+    ///
+    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
+    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
+    /// again): the poll keeps its pace instead of starting over.
+    async fn pause(
+        &self,
+        wake: &mut watch::Receiver<u64>,
+        poll_at: &mut Option<tokio::time::Instant>,
+    ) -> bool {
+        let at = *poll_at.get_or_insert_with(|| {
+            tokio::time::Instant::now()
+                + self
+                    .inner
+                    .poll_interval
+                    .mul_f64(0.75 + fastrand::f64() * 0.5)
+        });
+        let released = tokio::select! {
             changed = wake.changed() => changed.is_ok(),
-            () = tokio::time::sleep(pause) => false,
-        }
+            () = tokio::time::sleep_until(at) => false,
+        };
+        *poll_at = None;
+        released
     }
 
     /// Starts the courtesy after a release of `key`: four poll intervals during which this

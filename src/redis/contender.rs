@@ -95,6 +95,8 @@ pub struct RedisContender {
     /// Whether the last `wait` was ended by a release in this backend: such a follower is
     /// the one the release hands the lock to.
     woken: bool,
+    /// When the pending poll of `wait` is due.
+    poll_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for RedisContender {
@@ -153,6 +155,7 @@ impl RedisContender {
             wake,
             local,
             woken: false,
+            poll_at: None,
         }
     }
 
@@ -262,7 +265,10 @@ impl Contender for RedisContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        self.woken = self.backend.pause(&mut self.wake, &mut self.local).await;
+        self.woken = self
+            .backend
+            .pause(&mut self.wake, &mut self.local, &mut self.poll_at)
+            .await;
         Ok(())
     }
 

@@ -531,12 +531,18 @@ impl RedisBackend {
 
     /// Sleeps until the next poll, a notification for the key, or a release of it by this
     /// backend; whether the release ended it.
+    ///
+    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
+    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
+    /// again): the poll keeps its pace instead of starting over.
     async fn pause(
         &self,
         wake: &mut Option<tokio::sync::watch::Receiver<u64>>,
         local: &mut tokio::sync::watch::Receiver<u64>,
+        poll_at: &mut Option<tokio::time::Instant>,
     ) -> bool {
-        let pause = tokio::time::sleep(self.poll_pause());
+        let at = *poll_at.get_or_insert_with(|| tokio::time::Instant::now() + self.poll_pause());
+        let pause = tokio::time::sleep_until(at);
         tokio::pin!(pause);
         let notified = async {
             let changed = match wake {
@@ -548,11 +554,13 @@ impl RedisBackend {
                 std::future::pending::<()>().await;
             }
         };
-        tokio::select! {
+        let released = tokio::select! {
             changed = local.changed() => changed.is_ok(),
             () = notified => false,
             () = &mut pause => false,
-        }
+        };
+        *poll_at = None;
+        released
     }
 }
 

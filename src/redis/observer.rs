@@ -18,6 +18,8 @@ pub struct RedisObserver {
     wake: Option<tokio::sync::watch::Receiver<u64>>,
     /// Releases of the key by this backend's contenders.
     local: tokio::sync::watch::Receiver<u64>,
+    /// When the pending poll is due.
+    poll_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for RedisObserver {
@@ -38,6 +40,7 @@ impl RedisObserver {
             last: None,
             wake,
             local,
+            poll_at: None,
         }
     }
 }
@@ -46,7 +49,10 @@ impl Observer for RedisObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
             if self.last.is_some() {
-                let _ = self.backend.pause(&mut self.wake, &mut self.local).await;
+                let _ = self
+                    .backend
+                    .pause(&mut self.wake, &mut self.local, &mut self.poll_at)
+                    .await;
             }
             if let Some(wake) = &mut self.wake {
                 wake.borrow_and_update();
