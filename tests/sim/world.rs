@@ -123,8 +123,16 @@ impl Params {
     /// How long after the faults stop a leader must be in place: the old lease runs out
     /// (ttl), a stuck request times out, the longest back-off and the lock-delay pass, and a
     /// candidate acquires (two more ttls of slack for renewals and notifications).
+    ///
+    /// The longest stuck request is a follower's blocking query (`Contender::wait`), not an
+    /// ordinary request: one sent just before the heal whose request or reply is lost is only
+    /// given up at `max_wait + request_timeout`, as a real client's HTTP timeout for a
+    /// blocking query must exceed the wait. If every follower's query is lost that way (seed
+    /// 256304: all three, sent 150 ms before the heal, just as the holder's session expired),
+    /// nobody tries to acquire until then. The old bound counted `request_timeout` only.
     pub fn liveness_bound(&self) -> Duration {
         self.ttl * 3
+            + self.max_wait
             + self.request_timeout
             + self.backoff.1
             + self.lock_delay.unwrap_or(Duration::ZERO)
