@@ -11,8 +11,8 @@ const SEEDS: u64 = 200;
 const SHARDS: u64 = 4;
 
 /// Seeds that once failed, run by `cargo test` too: 256304 (ttl 500 ms), where every
-/// follower's blocking query was lost just before the heal and nobody acquired for 4.4 s,
-/// past the old liveness bound (it counted an ordinary request's timeout, not a blocking
+/// follower's blocking query was lost just before the heal and the first leader came 4.96 s
+/// after it, past the old liveness bound of 4 s (it counted an ordinary request's timeout, not a blocking
 /// query's `max_wait + request_timeout`).
 const REGRESSION_SEEDS: &[u64] = &[256304];
 
