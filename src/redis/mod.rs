@@ -68,15 +68,15 @@
 //!
 //! - **Acquire.** One Lua script: if the election's key `<prefix><election>` does not exist,
 //!   `INCR` the election's counter `<prefix><election>:fencing` and `SET key value NX PX ttl`,
-//!   atomically, where the value is the candidate ([`Leader`] as JSON) with the new token
+//!   atomically, where the value is the candidate ([`Leader`](crate::Leader) as JSON) with the new token
 //!   and a random owner id inside. So the token is readable from the key by anyone, and
 //!   grows with every term even when keys expire in between.
 //! - **One renewal per process.** A session is local to the process: a random id, and the
 //!   keys its elections hold. Every renew interval, one script renews *all* of them
 //!   (`PEXPIRE` where the value is still ours), driven by the crate's keep-alive loop. A
 //!   renewal that found every held key still ours confirms the session; a key that is gone
-//!   or holds another value ends that election's term at once ([`LockLoss::Deleted`] or
-//!   [`LockLoss::Taken`]), without failing the others. With no key held, the renewal is a
+//!   or holds another value ends that election's term at once ([`LockLoss::Deleted`](crate::backend::LockLoss::Deleted) or
+//!   [`LockLoss::Taken`](crate::backend::LockLoss::Taken)), without failing the others. With no key held, the renewal is a
 //!   `PING`.
 //! - **Release and proclaim** are compare-and-act scripts too: they touch the key only while
 //!   it holds exactly our value. A graceful hand-off deletes the key at once.
@@ -101,7 +101,7 @@
 //!
 //! When a leader's key vanishes and the counter is gone or below its token,
 //! [`explain`](crate::backend::Contender::explain) reports the loss as
-//! [`LockLoss::SessionLost`]: Redis lost its data (restart without persistence, failover,
+//! [`LockLoss::SessionLost`](crate::backend::LockLoss::SessionLost): Redis lost its data (restart without persistence, failover,
 //! `FLUSHALL`), logged as a warning.
 //!
 //! # Options and URLs
