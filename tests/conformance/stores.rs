@@ -470,7 +470,10 @@ impl Store for Zookeeper {
             .await
             .expect("admin client");
         let path = backend.election_path(crate::bodies::ELECTION);
-        let mut nodes = admin.list_children(&path).await.expect("list the candidates");
+        let mut nodes = admin
+            .list_children(&path)
+            .await
+            .expect("list the candidates");
         nodes.sort_by_key(|name| name.rsplit('-').next().unwrap_or_default().to_owned());
         let leader = nodes.first().expect("a leader's node");
         admin
