@@ -248,7 +248,9 @@ enum Command {
 #[derive(Debug, Args)]
 struct Target {
     /// Where the election lives: file:///dir, file: (the default directory), memory:,
-    /// etcd://host:port[,host:port…][/prefix], consul://host:port[/prefix].
+    /// etcd://host:port[,host:port…][/prefix], consul://host:port[/prefix],
+    /// zk://host:port[,host:port…][/chroot], redis://host:port[/db], memcached://host:port.
+    /// Credentials come from the environment, never the URL.
     #[arg(
         long,
         env = "INCUMBENT_BACKEND",
