@@ -127,3 +127,71 @@ async fn followers_poll_and_say_so() {
     );
     b.shutdown().await.expect("shutdown");
 }
+
+/// Floods the server with `count` items of every size from `size / 8` to `size` bytes (so
+/// every small slab class fills, the lock's among them), pipelined without replies, as a
+/// cache under memory pressure would see; returns its `evictions` counter afterwards.
+async fn flood(server: &MemcachedServer, count: usize, size: usize) -> u64 {
+    let stream = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("flood connection");
+    let mut stream = BufReader::new(stream);
+    let value = "x".repeat(size);
+    let mut batch = String::new();
+    for i in 0..count {
+        let len = size / 8 + i % (size - size / 8);
+        let value = &value[..len];
+        batch.push_str(&format!("set flood:{i} 0 0 {len} noreply\r\n{value}\r\n"));
+        if batch.len() > 1 << 20 {
+            stream
+                .get_mut()
+                .write_all(batch.as_bytes())
+                .await
+                .expect("flood");
+            batch.clear();
+        }
+    }
+    stream
+        .get_mut()
+        .write_all(format!("{batch}stats\r\n").as_bytes())
+        .await
+        .expect("flood");
+    let mut evictions = 0;
+    loop {
+        let mut line = String::new();
+        if stream.read_line(&mut line).await.expect("stats") == 0 || line.starts_with("END") {
+            break;
+        }
+        if let Some(n) = line.trim_end().strip_prefix("STAT evictions ") {
+            evictions = n.parse().unwrap_or(0);
+        }
+    }
+    evictions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_lock_demotes_the_leader_and_the_next_token_still_grows() {
+    // A small cache, flooded with items of the lock's size: the lock and its counter go.
+    let server = MemcachedServer::with_memory_mb(2).await;
+    let backend = connect(&server).await;
+    let mut a = election(&backend, "evicted", "a").campaign();
+    let first = elected(&mut a, PATIENCE).await;
+    let evictions = flood(&server, 200_000, 800).await;
+    assert!(evictions > 0, "the flood evicted nothing");
+    let reason = demoted(&mut a, PATIENCE).await;
+    assert!(
+        matches!(
+            reason,
+            DemotionReason::KeyDeleted | DemotionReason::SessionExpired
+        ),
+        "an evicted lock ends the term as lost: {reason:?}"
+    );
+    assert!(first.is_cancelled());
+    let second = elected(&mut a, PATIENCE * 2).await;
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "the counter was evicted too, yet the token grows: {} then {}",
+        first.fencing_token(),
+        second.fencing_token()
+    );
+}
