@@ -216,3 +216,24 @@ impl Drop for KeepAlive {
         self.stop.cancel();
     }
 }
+
+/// For backends whose session is their renewal of every held key (Redis, memcached): waits
+/// until the held lock is reported lost by the renewal (`loss`, set once), or the session
+/// itself is lost. A renewal that forgets a key without a word means the session closed.
+#[cfg(any(feature = "redis", feature = "memcached"))]
+pub(crate) async fn held_key_lost(
+    mut health: watch::Receiver<SessionHealth>,
+    loss: Option<&mut watch::Receiver<Option<super::LockLoss>>>,
+) -> super::LockLoss {
+    if let Some(loss) = loss {
+        let told = tokio::select! {
+            reason = loss.wait_for(Option::is_some) => reason.ok().and_then(|r| *r),
+            _ = health.wait_for(|h| h.lost.is_some()) => return super::LockLoss::SessionLost,
+        };
+        if let Some(reason) = told {
+            return reason;
+        }
+    }
+    let _ = health.wait_for(|h| h.lost.is_some()).await;
+    super::LockLoss::SessionLost
+}

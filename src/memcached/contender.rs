@@ -237,20 +237,11 @@ impl Contender for MemcachedContender {
     }
 
     async fn lost(&mut self) -> LockLoss {
-        let mut health = self.session.keepalive_health();
-        let Some(loss) = self.loss.as_mut() else {
-            let _ = health.wait_for(|h| h.lost.is_some()).await;
-            return LockLoss::SessionLost;
-        };
-        let told = tokio::select! {
-            reason = loss.wait_for(Option::is_some) => reason.ok().and_then(|r| *r),
-            _ = health.wait_for(|h| h.lost.is_some()) => return LockLoss::SessionLost,
-        };
-        if let Some(reason) = told {
-            return reason;
-        }
-        let _ = health.wait_for(|h| h.lost.is_some()).await;
-        LockLoss::SessionLost
+        crate::backend::keepalive::held_key_lost(
+            self.session.keepalive_health(),
+            self.loss.as_mut(),
+        )
+        .await
     }
 
     /// A vanished key whose counter is gone or below our token: memcached lost its data.

@@ -273,21 +273,11 @@ impl Contender for RedisContender {
     }
 
     async fn lost(&mut self) -> LockLoss {
-        let mut health = self.session.keepalive_health();
-        let Some(loss) = self.loss.as_mut() else {
-            let _ = health.wait_for(|h| h.lost.is_some()).await;
-            return LockLoss::SessionLost;
-        };
-        let told = tokio::select! {
-            reason = loss.wait_for(Option::is_some) => reason.ok().and_then(|r| *r),
-            _ = health.wait_for(|h| h.lost.is_some()) => return LockLoss::SessionLost,
-        };
-        if let Some(reason) = told {
-            return reason;
-        }
-        // The renewal forgot the key without a word: only a closed session does.
-        let _ = health.wait_for(|h| h.lost.is_some()).await;
-        LockLoss::SessionLost
+        crate::backend::keepalive::held_key_lost(
+            self.session.keepalive_health(),
+            self.loss.as_mut(),
+        )
+        .await
     }
 
     /// A vanished key whose counter is gone or below our token: Redis lost its data.
