@@ -191,6 +191,8 @@
 //! [`metrics`](https://docs.rs/metrics) facade; their names and labels are listed in
 //! [`mod@metrics`].
 #![deny(missing_docs)]
+// docs.rs: badges naming the cargo feature each item needs (rustdoc infers them from cfg).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod campaign;
