@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::{SessionHealth, SessionOptions};
 use crate::Result;
@@ -123,7 +123,7 @@ impl<T: Poolable> SessionPool<T> {
 
     fn live(&self) -> MutexGuard<'_, HashMap<SessionOptions, Entry<T>>> {
         // Every critical section leaves the map consistent: a poisoned lock is still good.
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+        super::lock(&self.live)
     }
 }
 
