@@ -15,6 +15,7 @@
 //! Read [`Engine::run`] top to bottom: [`Engine::pursue`] is everything before winning,
 //! [`Engine::lead`] everything while leading, and the loop around them is re-election.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -97,6 +98,10 @@ enum Command {
     Shutdown {
         done: Option<oneshot::Sender<()>>,
     },
+    Proclaim {
+        metadata: BTreeMap<String, String>,
+        done: oneshot::Sender<Result<()>>,
+    },
 }
 
 impl Stream for Events {
@@ -148,6 +153,11 @@ impl Campaign {
         self.handle.resign().await
     }
 
+    /// See [`CampaignHandle::proclaim`].
+    pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {
+        self.handle.proclaim(metadata).await
+    }
+
     /// See [`CampaignHandle::shutdown`].
     pub async fn shutdown(self) -> Result<()> {
         self.handle.shutdown().await
@@ -193,6 +203,24 @@ impl CampaignHandle {
         wait.await.map_err(|_| Error::Stopped)
     }
 
+    /// Replaces the leader's metadata, as other candidates, observers and `/leader` read it,
+    /// without ending the term (etcd's `Proclaim`): e.g. the address the leader now serves
+    /// writes on. The store is updated only while this candidate still holds the lock
+    /// (compare-and-act), and the new metadata stays for this campaign's later terms.
+    ///
+    /// Errors with [`Error::NotLeader`] if this candidate does not lead, or its term ends
+    /// before the store confirms; with the store's error if the update fails (the term goes
+    /// on, with the old metadata). The update is bounded by the renew deadline: a leader
+    /// never waits on it past the moment it must fence itself.
+    pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {
+        let (done, wait) = oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::Proclaim { metadata, done })
+            .map_err(|_| Error::Stopped)?;
+        wait.await.map_err(|_| Error::Stopped)?
+    }
+
     /// Stops the campaign: cancels the term if leading, waits for its guards (at most the
     /// grace), releases the lock, closes the session, and returns once all that is done.
     /// Calling it on a stopped campaign returns at once.
@@ -227,6 +255,7 @@ pub(crate) fn spawn<B: Backend>(
         renew_deadline_at: None,
         problem: None,
         last_demotion: None,
+        wakeup: backend.info().wakeup,
     });
     let subscribers = Subscribers::default();
     let events = subscribers.add();
@@ -609,7 +638,7 @@ impl<B: Backend> Engine<B> {
         fencing_token: FencingToken,
     ) -> (DemotionReason, bool) {
         let span = tracing::info_span!("term", term = fencing_token);
-        let leader = Leader {
+        let mut leader = Leader {
             candidate: self.config.candidate.clone(),
             fencing_token: Some(fencing_token),
             since_unix_ms: Some(unix_ms_now()),
@@ -634,7 +663,7 @@ impl<B: Backend> Engine<B> {
         span.in_scope(|| tracing::info!(fencing_token, "elected"));
         self.subscribers
             .send(&LeadershipEvent::Elected(term.clone()));
-        self.saw_leader(Some(leader));
+        self.saw_leader(Some(leader.clone()));
 
         let mut health = session.health();
         let mut resign_done = None;
@@ -663,6 +692,13 @@ impl<B: Backend> Engine<B> {
                     Some(Command::Shutdown { done }) => {
                         self.shutdown_waiters.extend(done);
                         break (DemotionReason::Shutdown, None);
+                    }
+                    Some(Command::Proclaim { metadata, done }) => {
+                        let outcome = self
+                            .proclaim(&mut contender, &mut health, &mut leader, metadata)
+                            .await;
+                        let _ = done.send(outcome);
+                        continue;
                     }
                     None => break (DemotionReason::Shutdown, None),
                 },
@@ -843,8 +879,55 @@ impl<B: Backend> Engine<B> {
                 self.shutdown_waiters.extend(done);
                 Some(Interrupt::Shutdown)
             }
+            Some(Command::Proclaim { done, .. }) => {
+                let _ = done.send(Err(Error::NotLeader));
+                None
+            }
             None => Some(Interrupt::Shutdown),
         }
+    }
+
+    /// Writes new metadata into the held lock, bounded by the renew deadline and abandoned
+    /// the moment the session is lost: the lead loop then ends the term as it would have.
+    async fn proclaim(
+        &mut self,
+        contender: &mut ContenderOf<B>,
+        health: &mut watch::Receiver<SessionHealth>,
+        leader: &mut Leader,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut proclaimed = leader.clone();
+        proclaimed.candidate.metadata = metadata;
+        {
+            let proclaiming = contender.proclaim(&proclaimed);
+            tokio::pin!(proclaiming);
+            loop {
+                let deadline = {
+                    let h = health.borrow_and_update();
+                    if h.lost.is_some() {
+                        return Err(Error::NotLeader);
+                    }
+                    h.confirmed_sent_at + self.config.renew_deadline
+                };
+                tokio::select! {
+                    biased;
+                    changed = health.changed() => if changed.is_err() {
+                        return Err(Error::NotLeader);
+                    },
+                    () = sleep_until(deadline) => return Err(Error::NotLeader),
+                    done = &mut proclaiming => {
+                        done?;
+                        break;
+                    }
+                }
+            }
+        }
+        Arc::make_mut(&mut self.config).candidate = proclaimed.candidate.clone();
+        self.status
+            .send_modify(|s| s.candidate = proclaimed.candidate.clone());
+        *leader = proclaimed.clone();
+        self.saw_leader(Some(proclaimed));
+        Ok(())
     }
 
     /// Records a failure; returns how long to wait before the next try.

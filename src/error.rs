@@ -85,6 +85,12 @@ pub enum Error {
     /// The campaign has shut down; start a new one with [`Election::campaign`](crate::Election::campaign).
     #[error("the campaign has shut down; call Election::campaign() to start a new one")]
     Stopped,
+    /// Only the leader can do this, and this candidate does not lead (or its term ended while
+    /// the request was under way).
+    #[error(
+        "this candidate does not lead the election; only the leader can proclaim (set the metadata of later campaigns with ElectionBuilder::metadata)"
+    )]
+    NotLeader,
     /// A worker run by [`Election::run`](crate::Election::run) failed and the policy was to stop.
     #[error("the worker failed: {0}")]
     Worker(String),

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use crate::backend::{Candidate, FencingToken, Leader, LockLoss, SessionLoss};
+use crate::backend::{Candidate, FencingToken, Leader, LockLoss, SessionLoss, Wakeup};
 use crate::term::Term;
 
 /// Something that happened in a campaign, in order.
@@ -180,6 +180,10 @@ pub struct Status {
     pub problem: Option<Problem>,
     /// Why the last term ended, if one did.
     pub last_demotion: Option<DemotionReason>,
+    /// How this candidate learns that the lock may be free while it follows: pushed by the
+    /// store (a hand-off in milliseconds) or polled (up to the poll interval). From the
+    /// backend's [`BackendInfo::wakeup`](crate::backend::BackendInfo::wakeup).
+    pub wakeup: Wakeup,
 }
 
 impl Status {

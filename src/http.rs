@@ -56,7 +56,8 @@
 //! **`/leader`** reports, for each election: this candidate, its role, the current leader's
 //! identity, metadata and fencing token and since when it leads, this process's term while it
 //! leads, the last confirmed renewal, the renew deadline, the problem being worked around and
-//! the last demotion. Times are given twice: as RFC 3339 in UTC with milliseconds
+//! the last demotion, and how followers learn that the lock is free (`"wakeup"`: `"push"`, or
+//! `"poll"` with `"poll_interval_ms"`). Times are given twice: as RFC 3339 in UTC with milliseconds
 //! (`"2026-11-22T10:00:00.123Z"`) and as milliseconds since the Unix epoch (`*_unix_ms`).
 //! Monotonic instants are converted to the wall clock at the time of the request.
 //!
@@ -80,7 +81,8 @@
 //!       "last_renewal": "2026-11-22T10:00:03.456Z", "last_renewal_unix_ms": 1795341603456,
 //!       "renew_deadline_at": "2026-11-22T10:00:10.123Z", "renew_deadline_at_unix_ms": 1795341610123,
 //!       "problem": null,
-//!       "last_demotion": null
+//!       "last_demotion": null,
+//!       "wakeup": "push"
 //!     }
 //!   ]
 //! }
@@ -108,6 +110,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::Wakeup;
 use crate::event::{DemotionReason, Role, Status};
 
 /// How long past its renew deadline a campaign may go on saying it leads before `/healthz`
@@ -464,6 +467,9 @@ struct LeaderReport<'a> {
     cooling_down_until_unix_ms: Option<u64>,
     problem: Option<ProblemInfo<'a>>,
     last_demotion: Option<&'static str>,
+    wakeup: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    poll_interval_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -549,6 +555,14 @@ impl<'a> LeaderReport<'a> {
                 }
             }),
             last_demotion: s.last_demotion.map(DemotionReason::as_str),
+            wakeup: match s.wakeup {
+                Wakeup::Push => "push",
+                Wakeup::Poll(_) => "poll",
+            },
+            poll_interval_ms: match s.wakeup {
+                Wakeup::Push => None,
+                Wakeup::Poll(every) => Some(u64::try_from(every.as_millis()).unwrap_or(u64::MAX)),
+            },
         }
     }
 }
@@ -586,7 +600,21 @@ mod tests {
                 since_wall: SystemTime::now(),
             }),
             last_demotion: Some(DemotionReason::RenewDeadlineExceeded),
+            wakeup: Wakeup::Poll(Duration::from_millis(200)),
         }
+    }
+
+    #[test]
+    fn leader_says_how_followers_wake() {
+        let clock = Clock::now();
+        let mut s = status(Role::Follower, None);
+        let polled = serde_json::to_value(LeaderReport::new(&s, &clock, true)).expect("json");
+        assert_eq!(polled["wakeup"], "poll");
+        assert_eq!(polled["poll_interval_ms"], 200);
+        s.wakeup = Wakeup::Push;
+        let pushed = serde_json::to_value(LeaderReport::new(&s, &clock, true)).expect("json");
+        assert_eq!(pushed["wakeup"], "push");
+        assert!(pushed.get("poll_interval_ms").is_none(), "{pushed}");
     }
 
     #[test]

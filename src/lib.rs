@@ -46,8 +46,10 @@
 //!
 //! [`Election::campaign`] starts a [`Campaign`]: a [`Stream`](futures_core::Stream) of
 //! [`LeadershipEvent`]s (elected, demoted with a [`DemotionReason`], leader changed), a
-//! [`Status`] in a [`watch`](tokio::sync::watch) channel for health endpoints, and
-//! [`resign`](CampaignHandle::resign) / [`shutdown`](CampaignHandle::shutdown):
+//! [`Status`] in a [`watch`](tokio::sync::watch) channel for health endpoints,
+//! [`proclaim`](CampaignHandle::proclaim) (the leader updates the metadata others read, e.g.
+//! its address, without ending its term), and [`resign`](CampaignHandle::resign) /
+//! [`shutdown`](CampaignHandle::shutdown):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {

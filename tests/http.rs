@@ -341,6 +341,10 @@ async fn leader_json_describes_the_leader_its_term_and_its_lease() {
     );
     assert!(e["problem"].is_null());
     assert!(e["last_demotion"].is_null());
+    assert_eq!(
+        e["wakeup"], "push",
+        "the memory backend wakes followers at once"
+    );
 
     let seen = follower.get("/leader").await;
     let e = &seen.json["elections"][0];

@@ -836,3 +836,36 @@ async fn a_worker_winding_down_after_a_shutdown_is_stopped_if_the_lease_would_la
         .expect("join")
         .expect("run_until");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_proclaim_the_store_never_answers_does_not_hold_off_self_fencing() {
+    let store = MemoryBackend::new();
+    let a_client = store.client();
+    let mut a = election(&a_client, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let mut b = election(&store.client(), "b").campaign();
+    sleep(Duration::from_millis(10)).await;
+
+    a_client.set_reachability(Reachability::Hanging);
+    let partitioned = Instant::now();
+    let proclaim = a.proclaim([("addr".to_owned(), "new".to_owned())].into());
+    let outcome = timeout(TTL, proclaim).await.expect("the proclaim is bounded");
+    assert!(
+        matches!(outcome, Err(incumbent::Error::NotLeader)),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        demoted(&mut a, TTL).await,
+        DemotionReason::RenewDeadlineExceeded
+    );
+    let fenced = Instant::now();
+    assert!(term.is_cancelled());
+    assert!(fenced - partitioned < TTL, "fenced within the ttl");
+    let next = elected(&mut b, TTL * 3).await;
+    assert!(Instant::now() > fenced);
+    assert!(next.fencing_token() > term.fencing_token());
+    assert!(
+        next.leader().candidate.metadata.is_empty(),
+        "a's metadata is b's business only"
+    );
+}

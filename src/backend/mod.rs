@@ -111,7 +111,10 @@ pub struct BackendInfo {
     pub min_ttl: Duration,
     /// The largest session ttl the store accepts.
     pub max_ttl: Duration,
-    /// How followers learn that the lock may be free.
+    /// How a follower's [`Contender::wait`] learns that the lock may be free; shown in
+    /// [`Status::wakeup`](crate::Status::wakeup) and `/leader`. (An [`Observer`] of a
+    /// backend may work differently: the file backend's followers queue on the kernel's lock,
+    /// a push, while its observers re-read the lock file.)
     pub wakeup: Wakeup,
     /// The renew interval, as a fraction of the ttl (`ttl / renew_divisor`), when the
     /// election does not set one: 3 for most stores (three chances before expiry, as etcd's
@@ -119,7 +122,7 @@ pub struct BackendInfo {
     pub renew_divisor: u32,
 }
 
-/// How a backend's [`Contender::wait`] and [`Observer::next`] learn about changes.
+/// How a backend's [`Contender::wait`] learns about changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wakeup {
     /// The store pushes changes (a watch, a blocking query, a kernel lock queue): no polling.

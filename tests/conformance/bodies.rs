@@ -582,3 +582,60 @@ pub async fn the_status_stops_saying_leader_with_the_term<S: Store>() {
         .expect("resign");
     a.shutdown().await.expect("shutdown");
 }
+
+pub async fn the_leader_proclaims_metadata_that_everyone_reads<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut observer = store
+        .connect()
+        .await
+        .observe(ELECTION)
+        .await
+        .expect("observe");
+    let mut a = election(store.connect().await, "a", ttl).campaign();
+    let term = elected(&mut a, ttl * 5).await;
+    let mut b = election(store.connect().await, "b", ttl).campaign();
+    let metadata: std::collections::BTreeMap<String, String> =
+        [("addr".to_owned(), "10.0.0.7:9000".to_owned())].into();
+
+    let refused = b.proclaim(metadata.clone()).await;
+    assert!(
+        matches!(refused, Err(incumbent::Error::NotLeader)),
+        "a follower cannot proclaim: {refused:?}"
+    );
+    a.proclaim(metadata.clone())
+        .await
+        .expect("the leader proclaims");
+    assert!(!term.is_cancelled(), "proclaiming does not end the term");
+    let status = a.status().borrow().clone();
+    assert_eq!(status.candidate.metadata, metadata);
+    assert_eq!(
+        status.leader.map(|l| l.candidate.metadata),
+        Some(metadata.clone())
+    );
+
+    // Observers (a polling one included) read the new metadata, under the same term.
+    let seen = timeout(ttl * 5, async {
+        loop {
+            match observer.next().await.expect("observer") {
+                Some(l) if l.candidate.metadata == metadata => return l,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the observer reads the proclaimed metadata");
+    assert_eq!(seen.candidate.id, "a");
+    if let Some(token) = seen.fencing_token {
+        assert_eq!(token, term.fencing_token(), "same term, same token");
+    }
+
+    // The metadata stays for the campaign's later terms.
+    a.resign().await.expect("resign");
+    elected(&mut b, ttl * 5).await;
+    b.shutdown().await.expect("shutdown b");
+    let again = elected(&mut a, ttl * 5).await;
+    assert!(again.fencing_token() > term.fencing_token());
+    assert_eq!(again.leader().candidate.metadata, metadata);
+    a.shutdown().await.expect("shutdown a");
+}

@@ -37,6 +37,7 @@ conformance!(
         two_campaigns_of_one_election_never_both_lead,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -50,6 +51,7 @@ conformance!(
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -69,6 +71,7 @@ conformance!(
         a_loss_ends_the_term_before_the_store_is_asked_why,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -90,6 +93,7 @@ conformance!(
         a_loss_ends_the_term_before_the_store_is_asked_why,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -109,6 +113,7 @@ conformance!(
         a_loss_ends_the_term_before_the_store_is_asked_why,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -132,6 +137,7 @@ conformance!(
         two_campaigns_of_one_election_never_both_lead,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
 
@@ -152,5 +158,6 @@ conformance!(
         two_campaigns_of_one_election_never_both_lead,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
