@@ -112,5 +112,52 @@ impl Error {
     }
 }
 
+/// An error and its sources as one line, skipping a source whose text the line already holds
+/// (client libraries often repeat their cause in their own message).
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let message = cause.to_string();
+        if !text.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Shorthand for `Result<T, incumbent::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{message}")]
+    struct Layer {
+        message: &'static str,
+        #[source]
+        source: Option<Box<Layer>>,
+    }
+
+    fn layer(message: &'static str, source: Option<Layer>) -> Layer {
+        Layer {
+            message,
+            source: source.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let inner = layer("connection refused", None);
+        let middle = layer("tcp connect error: connection refused", Some(inner));
+        let outer = layer("transport error", Some(middle));
+        assert_eq!(
+            chain(&outer),
+            "transport error: tcp connect error: connection refused"
+        );
+    }
+}

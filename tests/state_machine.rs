@@ -849,7 +849,9 @@ async fn a_proclaim_the_store_never_answers_does_not_hold_off_self_fencing() {
     a_client.set_reachability(Reachability::Hanging);
     let partitioned = Instant::now();
     let proclaim = a.proclaim([("addr".to_owned(), "new".to_owned())].into());
-    let outcome = timeout(TTL, proclaim).await.expect("the proclaim is bounded");
+    let outcome = timeout(TTL, proclaim)
+        .await
+        .expect("the proclaim is bounded");
     assert!(
         matches!(outcome, Err(incumbent::Error::NotLeader)),
         "{outcome:?}"

@@ -1103,7 +1103,7 @@ impl ConsulClient {
         }
         let unreachable = |e: reqwest::Error| {
             let address = self.inner.display_address.clone();
-            let reason = error_chain(&e.without_url());
+            let reason = crate::error::chain(&e.without_url());
             // rustls reports certificate problems this way (the TLS types
             // are not reachable through reqwest's public API).
             if TLS_FAILURES.iter().any(|m| reason.contains(m)) {
@@ -1206,22 +1206,6 @@ fn classify_failure(operation: &'static str, status: StatusCode, body: &[u8]) ->
         status: status.as_u16(),
         body,
     }
-}
-
-/// An error and its sources as one line, skipping sources whose text the
-/// previous ones already contain.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// The start of a body, as trimmed text, for error messages.

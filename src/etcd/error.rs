@@ -7,6 +7,7 @@ use tokio::time::timeout;
 
 use super::NAME;
 use crate::Error;
+use crate::error::chain;
 
 /// gRPC status codes (stable across gRPC implementations), named where we act on them.
 mod code {
@@ -49,21 +50,6 @@ const TLS_MESSAGES: &[&str] = &[
     "handshake",
     "fatal alert",
 ];
-
-/// An error and its sources, as one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let message = cause.to_string();
-        if !text.contains(&message) {
-            text.push_str(": ");
-            text.push_str(&message);
-        }
-        source = cause.source();
-    }
-    text
-}
 
 /// Maps an `etcd-client` error to the crate's error type: transport trouble is
 /// [`Error::Unavailable`] (transient), refused credentials [`Error::Unauthorized`], anything
