@@ -1254,6 +1254,50 @@ fn error_lines_name_the_flags_not_the_librarys_builder_methods() {
 }
 
 #[test]
+fn lock_delay_on_a_store_without_one_or_above_its_maximum_is_exit_code_2() {
+    let sandbox = Sandbox::new();
+    let run = |backend: &str, delay: &str| {
+        let mut args = vec!["run", "--election", ELECTION, "--lock-delay", delay];
+        if !backend.is_empty() {
+            args.extend(["--backend", backend]);
+        }
+        args.extend(["--exit-with-child", "--fail-after", "2s", "--", "true"]);
+        sandbox.output(&args)
+    };
+    let mut cases = vec![("", "5s", "file"), ("memory:", "1s", "")];
+    // Consul's agent is not asked before the election is built: nothing need listen.
+    #[cfg(feature = "consul")]
+    cases.push(("consul://127.0.0.1:1", "61s", "longer than consul allows"));
+    // Refused before connecting: an etcd nobody answers at is not tried first.
+    #[cfg(feature = "etcd")]
+    cases.push(("etcd://127.0.0.1:1", "5s", "etcd has no lock-delay"));
+    for (backend, delay, names) in cases {
+        let output = run(backend, delay);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if names.is_empty() {
+            // The memory backend has a lock-delay: accepted.
+            assert_eq!(output.status.code(), Some(0), "{backend}: {stderr}");
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(2), "{backend} {delay}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("--lock-delay") && stderr.contains(names),
+            "{backend} {delay}: {stderr}"
+        );
+        assert!(!stderr.contains("()"), "{stderr}");
+    }
+    // Zero is no lock-delay: every store has that.
+    let output = run("", "0s");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
 fn help_lists_every_environment_variable_read_and_discourages_credentials_in_flags() {
     // Every variable the backend URLs read (src/url.rs), and the others this program reads.
     let source = include_str!("../src/url.rs");

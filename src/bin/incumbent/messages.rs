@@ -10,11 +10,34 @@ const FLAGS: &[(&str, &str)] = &[
     ("grace", "--grace"),
     ("candidate", "--id"),
     ("metadata", "--meta"),
+    ("client_identity", "--cert-file and --key-file"),
+    ("ca_certificate", "--ca-file"),
+];
+
+/// The library's names for TLS settings, as this program's flags and variables say them.
+const PHRASES: &[(&str, &str)] = &[
+    (
+        "the CA certificate signed the servers'",
+        "the CA certificate (--ca-file or ETCDCTL_CACERT) signed the servers'",
+    ),
+    (
+        " (or set .tls_domain_name())",
+        " (write the URL with a host name the certificates carry)",
+    ),
+    ("check ca_pem (", "check --ca-file or CONSUL_CACERT ("),
+    (
+        "and client_identity_pem (",
+        "and --cert-file and --key-file or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY (",
+    ),
 ];
 
 /// `message` with flags for builder methods, and without repeated parts of its chain.
 pub fn tidy(message: &str) -> String {
-    dedupe_chain(&with_flags(message))
+    let mut text = message.to_owned();
+    for (library, cli) in PHRASES {
+        text = text.replace(library, cli);
+    }
+    dedupe_chain(&with_flags(&text))
 }
 
 /// The method names of the builder calls (`.name()`) in `text`.
@@ -114,6 +137,29 @@ mod tests {
             tidy("use file:///dir or memory:"),
             "use file:///dir or memory:"
         );
+    }
+
+    #[test]
+    fn tls_settings_are_named_by_their_flags() {
+        let etcd = tidy(
+            "invalid etcd configuration: TLS handshake failed: invalid peer certificate: \
+             UnknownIssuer; check that the CA certificate signed the servers' certificates, \
+             that their names match the endpoints (or set .tls_domain_name()), and, if etcd \
+             requires client certificates, that .client_identity() gives one its CA signed",
+        );
+        assert!(etcd.contains("--ca-file or ETCDCTL_CACERT"), "{etcd}");
+        assert!(etcd.contains("--cert-file and --key-file gives"), "{etcd}");
+        assert!(!etcd.contains(".tls_domain_name()"), "{etcd}");
+        let consul = tidy(
+            "TLS with the Consul agent at https://127.0.0.1:1 failed during kv get: x; check \
+             ca_pem (the CA that signed the agent's certificate), the address's host name and \
+             client_identity_pem (required when the agent sets verify_incoming)",
+        );
+        assert!(
+            consul.contains("check --ca-file or CONSUL_CACERT ("),
+            "{consul}"
+        );
+        assert!(consul.contains("CONSUL_CLIENT_KEY (required"), "{consul}");
     }
 
     #[test]
