@@ -62,9 +62,10 @@
 //! Failing fast or retrying is one rule for every backend: a permanent error (a lock
 //! directory that cannot be made, credentials the store refuses, an invalid configuration)
 //! ends the program at once with exit code 2 (`run` opens one session and reads the leader
-//! once before campaigning, to find them); a store that cannot be reached is retried with
-//! back-off, until `--fail-after` (`run`, `observe`; default: for ever) or `--timeout`
-//! (`status`, `resign`), then exit code 1.
+//! once before campaigning, to find them); a store that cannot be reached (connection refused,
+//! a host name that does not resolve, no answer in time) is retried with back-off, until
+//! `--fail-after` (`run`, `observe`; default: for ever) or `--timeout` (`status`, `resign`),
+//! then exit code 1, however long one attempt to connect would take.
 //! Durations are written like `500ms`, `10s`, `2m`, `1h`, `1m30s` or `1h 30min` (see the
 //! `humantime` crate), at most a year; a longer one is a usage error (exit code 2).
 //!
@@ -162,9 +163,11 @@ macro_rules! failing_and_exit_codes {
 Failing fast or retrying, the same on every backend: a permanent error (bad options, a lock \
 directory that cannot be made, credentials the store refuses, an invalid configuration) \
 ends the program at once, with exit code 2; a store that cannot be reached (connection \
-refused, no answer in time) is tried again with back-off: by `run` and `observe` until \
---fail-after (by default for ever), by `status` and `resign` until --timeout; then exit \
-code 1.
+refused, a host name that does not resolve, no answer in time) is tried again with \
+back-off: by `run` and `observe` until --fail-after (by default for ever), by `status` and \
+`resign` until --timeout, however long one attempt to connect would take; then exit code 1. \
+A name that does not resolve counts as unreachable, not permanent: DNS may be down, or the \
+name not yet published.
 
 Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures (the \
 store unreachable for longer than --fail-after or --timeout); 2 for usage and configuration \

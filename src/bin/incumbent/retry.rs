@@ -1,7 +1,12 @@
 //! One rule for every backend: a permanent error (a lock directory that cannot be made,
-//! credentials the store refuses, an invalid configuration) ends the program at once, with
-//! its exit code; a store that cannot be reached (`Error::Unavailable`, a timeout) is tried
-//! again with back-off, until `--fail-after` (or `--timeout`) gives up with exit code 1.
+//! credentials the store refuses, an invalid configuration, a certificate that does not
+//! check out) ends the program at once, with its exit code; a store that cannot be reached
+//! (`Error::Unavailable`, a timeout) is tried again with back-off, until `--fail-after` (or
+//! `--timeout`) gives up with exit code 1. A host name that does not resolve is a store that
+//! cannot be reached: DNS may be down for a while, or a new service's name not yet published,
+//! and the OS reports both alike. Connecting is bounded by the same limit
+//! ([`until_connected`]), so a backend whose own connect timeout is longer cannot keep the
+//! program past it.
 
 use std::future::Future;
 use std::sync::OnceLock;
