@@ -112,6 +112,18 @@ fn refused(args: &[&str], env: &[(&str, String)], hints: &[&str]) {
     eprintln!("{args:?} ({took:?}): {text}");
     assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
     assert_eq!(text.trim().lines().count(), 1, "{args:?}: {text}");
+    let chain: Vec<&str> = text
+        .split("; ")
+        .next()
+        .unwrap_or_default()
+        .split(": ")
+        .collect();
+    for (i, part) in chain.iter().enumerate() {
+        assert!(
+            !chain[i + 1..].contains(part),
+            "{args:?}: {part:?} twice: {text}"
+        );
+    }
     for hint in hints {
         assert!(text.contains(hint), "{args:?}: no {hint:?} in: {text}");
     }
@@ -192,6 +204,12 @@ async fn etcd_over_tls_from_flags_or_etcdctls_variables_and_a_wrong_ca_is_exit_c
         &etcdctl,
     );
     assert!(status["leader"]["fencing_token"].is_u64(), "{status}");
+
+    // As with etcdctl, endpoints without a scheme are https:// when a CA is given.
+    let mut schemeless = etcdctl.clone();
+    schemeless[0].1 = endpoint.replace("https://", "");
+    let args = [&["status", "--json", "--backend", "etcd:"][..], &target].concat();
+    assert!(status_ok(&args, &schemeless)["leader"].is_object());
 
     // The URL wins over ETCDCTL_ENDPOINTS (which names nothing that answers).
     let elsewhere = [

@@ -37,7 +37,12 @@ pub fn tidy(message: &str) -> String {
     for (library, cli) in PHRASES {
         text = text.replace(library, cli);
     }
-    dedupe_chain(&with_flags(&text))
+    let text = with_flags(&text);
+    // The chain ends where the hints begin: "a: b: c; do this".
+    match text.split_once("; ") {
+        Some((chain, hints)) => format!("{}; {hints}", dedupe_chain(chain)),
+        None => dedupe_chain(&text),
+    }
 }
 
 /// The method names of the builder calls (`.name()`) in `text`.
@@ -171,6 +176,12 @@ mod tests {
             "etcd is unavailable: transport error: tcp connect error: Connection refused (os error 111)"
         );
         assert_eq!(tidy("a: b: a: b"), "a: b");
+        assert_eq!(
+            tidy(
+                "TLS handshake failed: UnknownIssuer: invalid peer certificate: UnknownIssuer; check it"
+            ),
+            "TLS handshake failed: invalid peer certificate: UnknownIssuer; check it"
+        );
         assert_eq!(tidy("plain"), "plain");
     }
 }
