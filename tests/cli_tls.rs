@@ -223,11 +223,14 @@ async fn etcd_over_tls_from_flags_or_etcdctls_variables_and_a_wrong_ca_is_exit_c
 
     // A flag wins over its variable: a CA that signed nothing here fails, at once, as a
     // configuration error naming the flag, though ETCDCTL_CACERT is right.
-    for command in ["status", "run"] {
+    for command in ["status", "observe", "run"] {
         let mut args = vec![command, "--backend", "etcd:", "--ca-file", &other_ca];
         args.extend(target.iter().take(2));
+        if command != "status" {
+            args.extend(["--fail-after", "3s"]);
+        }
         if command == "run" {
-            args.extend(["--fail-after", "3s", "--", "true"]);
+            args.extend(["--", "true"]);
         }
         refused(&args, &etcdctl, &["TLS", "--ca-file or ETCDCTL_CACERT"]);
     }
