@@ -165,6 +165,25 @@ impl Draft {
                 )));
             }
         }
+        if let Some(delay) = self.lock_delay.filter(|d| !d.is_zero()) {
+            match backend.max_lock_delay {
+                None => {
+                    return Err(Error::timing(format!(
+                        "lock_delay {delay:?}: {} has no lock-delay (Consul has one); remove \
+                         .lock_delay(), or set it to zero",
+                        backend.name
+                    )));
+                }
+                Some(max) if delay > max => {
+                    return Err(Error::timing(format!(
+                        "lock_delay {delay:?} is longer than {} allows ({max:?}); set \
+                         .lock_delay() to at most that",
+                        backend.name
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
         if backoff.initial.is_zero() || backoff.max < backoff.initial {
             return Err(Error::timing(format!(
                 "backoff initial {:?} must be above zero and at most max {:?}; fix .backoff()",
@@ -281,6 +300,45 @@ mod tests {
             assert!(err.contains(reason), "{name:?}: {err}");
         }
         assert!(validate_name(&"x".repeat(129)).is_err());
+    }
+
+    #[test]
+    fn a_lock_delay_needs_a_store_that_has_one_and_fits_its_maximum() {
+        let store = |max_lock_delay| BackendInfo {
+            name: "store",
+            min_ttl: Duration::from_secs(1),
+            max_ttl: Duration::from_secs(60),
+            wakeup: crate::backend::Wakeup::Push,
+            renew_divisor: 3,
+            max_lock_delay,
+        };
+        let draft = |delay: u64| Draft {
+            name: "e".into(),
+            candidate_id: Some("c".into()),
+            lock_delay: Some(Duration::from_secs(delay)),
+            backoff: Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            },
+            ..Draft::default()
+        };
+        let refused = |delay, max| match draft(delay).validate(&store(max)) {
+            Err(Error::InvalidTiming { reason }) => reason,
+            other => panic!("{delay}s, max {max:?}: {other:?}"),
+        };
+        let without = refused(5, None);
+        assert!(
+            without.contains("store has no lock-delay") && without.contains(".lock_delay()"),
+            "{without}"
+        );
+        let above = refused(61, Some(Duration::from_secs(60)));
+        assert!(above.contains("60s"), "{above}");
+        assert!(
+            draft(60)
+                .validate(&store(Some(Duration::from_secs(60))))
+                .is_ok()
+        );
+        assert!(draft(0).validate(&store(None)).is_ok(), "zero is no delay");
     }
 
     #[test]

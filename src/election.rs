@@ -128,7 +128,10 @@ impl<B: Backend> ElectionBuilder<B> {
 
     /// After our session is invalidated, how long the store keeps the lock from everyone,
     /// where the store supports it (Consul's lock-delay; the memory backend). Default: the
-    /// store's own default (Consul: 15 s; memory: none).
+    /// store's own default (Consul: 15 s; memory: none). [`build`](Self::build) refuses a
+    /// non-zero delay on a store without lock-delay, and one above the store's maximum
+    /// ([`BackendInfo::max_lock_delay`](crate::backend::BackendInfo::max_lock_delay); Consul:
+    /// 60 s), with [`Error::InvalidTiming`](crate::Error::InvalidTiming).
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.draft.lock_delay = Some(delay);
         self

@@ -147,6 +147,7 @@ impl Backend for FileBackend {
             max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Push,
             renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            max_lock_delay: None,
         }
     }
 

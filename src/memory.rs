@@ -332,6 +332,7 @@ impl Backend for MemoryBackend {
             max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Push,
             renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            max_lock_delay: Some(Duration::MAX),
         }
     }
 

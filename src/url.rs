@@ -5,7 +5,11 @@
 //! | `file:///path/to/dir`, or `file:` for the default directory | [`FileBackend`](crate::file::FileBackend) | `file` |
 //! | `memory:` | [`MemoryBackend`](crate::memory::MemoryBackend) (this process only) | always |
 //! | `etcd://host:port[,host:port…][/prefix]` | etcd | `etcd` |
+//! | `etcd+https://host:port[,host:port…][/prefix]` | etcd over TLS | `etcd-tls` |
+//! | `etcd:` or `etcd:///prefix` | etcd at the endpoints of `ETCDCTL_ENDPOINTS` (default `http://127.0.0.1:2379`) | `etcd` |
 //! | `consul://host:port[/prefix]` | Consul | `consul` |
+//! | `consul+https://host:port[/prefix]` | Consul over HTTPS | `consul` |
+//! | `consul:` or `consul:///prefix` | Consul at `CONSUL_HTTP_ADDR` (default `http://127.0.0.1:8500`) | `consul` |
 //! | `memcached://host:port` | memcached (best effort: see its module docs) | `memcached` |
 //! | `redis://host:port[/db]` | Redis (database `db`, default 0; `rediss://` (TLS) is not supported yet) | `redis` |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
@@ -29,6 +33,28 @@
 //! | `INCUMBENT_REDIS_PASSWORD` | Redis | the password; when set (not empty), it wins over `REDISCLI_AUTH` |
 //! | `REDISCLI_AUTH` | Redis | the password, as `redis-cli` reads it |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
+//!
+//! | `ETCDCTL_ENDPOINTS` | etcd | the endpoints of `etcd:` / `etcd:///prefix` (`https://host:port,…`; `host:port` is `https://` when a CA is given, else `http://`) |
+//! | `ETCDCTL_CACERT` | etcd | the CA certificate file (PEM) that signed etcd's certificates |
+//! | `ETCDCTL_CERT`, `ETCDCTL_KEY` | etcd | the client certificate and key files (PEM), for `--client-cert-auth` |
+//! | `CONSUL_HTTP_ADDR` | Consul | the agent of `consul:` / `consul:///prefix` (`host:port`, `http://…` or `https://…`) |
+//! | `CONSUL_HTTP_SSL` | Consul | `true`: a `CONSUL_HTTP_ADDR` without a scheme is `https://` |
+//! | `CONSUL_CACERT` | Consul | the CA certificate file (PEM) to trust instead of the system's roots |
+//! | `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY` | Consul | the client certificate and key files (PEM), for agents with `verify_incoming` |
+//!
+//! # TLS
+//!
+//! `etcd+https://` and `consul+https://` (or `https://` endpoints in `ETCDCTL_ENDPOINTS` or
+//! `CONSUL_HTTP_ADDR`) turn TLS on. The certificate files come from [`TlsFiles`] (the CLI's
+//! `--ca-file`, `--cert-file` and `--key-file`) and, for each file not given there, from the
+//! variables above. Precedence, for every setting: what is given directly ([`TlsFiles`], the
+//! CLI's flags) wins over the URL, which wins over the environment; so `etcd://host:port`
+//! ignores `ETCDCTL_ENDPOINTS`, and a plain-HTTP URL ignores the TLS variables (which are
+//! often set for a whole shell) but refuses [`TlsFiles`] with [`Error::InvalidConfig`]. etcd
+//! over TLS needs a CA (there is no system default in etcd's client); Consul uses the
+//! system's roots when none is given. A server certificate that the CA did not sign, or a
+//! refused client certificate, is [`Error::InvalidConfig`] (not retried): the message says
+//! which file to check.
 //!
 //! Empty variables count as unset. `ETCDCTL_USER` without a `:` and without
 //! `ETCDCTL_PASSWORD`, and a `CONSUL_HTTP_TOKEN_FILE` that cannot be read, are
@@ -78,9 +104,10 @@ pub enum BackendUrl {
         /// The lock directory.
         dir: Option<PathBuf>,
     },
-    /// etcd, with its client endpoints (`http://host:port`) and a key prefix.
+    /// etcd, with its client endpoints (`http://host:port` or `https://host:port`) and a key
+    /// prefix.
     Etcd {
-        /// Client endpoints.
+        /// Client endpoints; none: those of `ETCDCTL_ENDPOINTS` (see the [module docs](self)).
         endpoints: Vec<String>,
         /// Key prefix, if given.
         prefix: Option<String>,
@@ -92,9 +119,10 @@ pub enum BackendUrl {
         /// The chroot (`/app`), if given.
         chroot: Option<String>,
     },
-    /// A Consul agent's HTTP address (`http://host:port`) and a key prefix.
+    /// A Consul agent's HTTP address (`http://host:port` or `https://host:port`) and a key
+    /// prefix.
     Consul {
-        /// The agent's HTTP address.
+        /// The agent's HTTP address; empty: `CONSUL_HTTP_ADDR` (see the [module docs](self)).
         address: String,
         /// Key prefix, if given.
         prefix: Option<String>,
@@ -121,7 +149,7 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd://host:port[,host:port][/prefix], consul://host:port[/prefix], redis://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
 
 /// Where credentials go instead of the URL.
 const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
@@ -182,6 +210,70 @@ fn hosts_and_prefix(shown: &str, rest: &str) -> Result<(Vec<String>, Option<Stri
     Ok((out, prefix.map(|p| format!("{}/", p.trim_end_matches('/')))))
 }
 
+/// `etcd[+https]:…` and `consul[+https]:…`, after the scheme: the endpoints (none: from the
+/// environment) and the prefix.
+fn store_url(shown: &str, scheme: &str, rest: &str) -> Result<BackendUrl> {
+    let (store, tls) = match scheme.split_once('+') {
+        Some((store, _)) => (store, true),
+        None => (scheme, false),
+    };
+    if rest.contains(['?', '#']) {
+        return Err(bad(format!(
+            "{shown:?}: '?' and '#' are not allowed, neither as a query string \
+             (e.g. ?token=…) nor in the key prefix, where they would end up in \
+             store keys and logs; write {scheme}://host:port[/prefix] with a \
+             prefix of letters, digits, '/', '.', '_' or '-', and note that \
+             {CREDENTIALS_HINT}"
+        )));
+    }
+    let from_env = if store == "etcd" {
+        "ETCDCTL_ENDPOINTS"
+    } else {
+        "CONSUL_HTTP_ADDR"
+    };
+    let authority = match rest.strip_prefix("//") {
+        Some(after) => after,
+        None if rest.is_empty() || rest.starts_with('/') => "",
+        None => return Err(bad(format!("{shown:?}: write {scheme}://host:port"))),
+    };
+    let (hosts, prefix) = if authority.is_empty() || authority.starts_with('/') {
+        if tls {
+            return Err(bad(format!(
+                "{shown:?}: write {scheme}://host:port, or {store}: to take the address from \
+                 {from_env} (where https:// turns TLS on)"
+            )));
+        }
+        let prefix = authority.trim_matches('/');
+        let prefix = Some(prefix).filter(|p| !p.is_empty());
+        (Vec::new(), prefix.map(|p| format!("{p}/")))
+    } else {
+        hosts_and_prefix(shown, authority)?
+    };
+    let hosts: Vec<String> = if tls {
+        hosts
+            .iter()
+            .map(|h| h.replacen("http://", "https://", 1))
+            .collect()
+    } else {
+        hosts
+    };
+    if store == "etcd" {
+        return Ok(BackendUrl::Etcd {
+            endpoints: hosts,
+            prefix,
+        });
+    }
+    if hosts.len() > 1 {
+        return Err(bad(format!(
+            "{shown:?}: name one Consul agent (the local one); agents forward to the servers"
+        )));
+    }
+    Ok(BackendUrl::Consul {
+        address: hosts.into_iter().next().unwrap_or_default(),
+        prefix,
+    })
+}
+
 impl FromStr for BackendUrl {
     type Err = Error;
 
@@ -210,36 +302,7 @@ impl FromStr for BackendUrl {
                     dir: Some(path).filter(|p| !p.is_empty()).map(PathBuf::from),
                 })
             }
-            "etcd" | "consul" => {
-                if rest.contains(['?', '#']) {
-                    return Err(bad(format!(
-                        "{shown:?}: '?' and '#' are not allowed, neither as a query string \
-                         (e.g. ?token=…) nor in the key prefix, where they would end up in \
-                         store keys and logs; write {scheme}://host:port[/prefix] with a \
-                         prefix of letters, digits, '/', '.', '_' or '-', and note that \
-                         {CREDENTIALS_HINT}"
-                    )));
-                }
-                let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
-                    return Err(bad(format!("{shown:?}: write {scheme}://host:port")));
-                };
-                let (hosts, prefix) = hosts_and_prefix(&shown, rest)?;
-                if scheme == "etcd" {
-                    Ok(BackendUrl::Etcd {
-                        endpoints: hosts,
-                        prefix,
-                    })
-                } else if hosts.len() > 1 {
-                    Err(bad(format!(
-                        "{shown:?}: name one Consul agent (the local one); agents forward to the servers"
-                    )))
-                } else {
-                    Ok(BackendUrl::Consul {
-                        address: hosts.into_iter().next().unwrap_or_default(),
-                        prefix,
-                    })
-                }
-            }
+            "etcd" | "etcd+https" | "consul" | "consul+https" => store_url(&shown, scheme, rest),
             "zk" => zk_url(&shown, rest),
             "redis" => redis_url(&shown, rest),
             "memcached" => {
@@ -271,12 +334,35 @@ impl FromStr for BackendUrl {
 /// has none, but the fields are public).
 impl fmt::Display for BackendUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let strip = |e: &String| redact(e.trim_start_matches("http://"));
+        let strip = |e: &String| {
+            redact(
+                e.trim_start_matches("http://")
+                    .trim_start_matches("https://"),
+            )
+        };
         let prefix = |p: &Option<String>| {
             p.as_deref()
                 .map(|p| format!("/{}", redact_prefix(p)))
                 .unwrap_or_default()
         };
+        // `etcd+https://` when the endpoints are https://; `etcd:` when they come from the
+        // environment.
+        let store =
+            |f: &mut fmt::Formatter<'_>, name: &str, hosts: &[String], p: &Option<String>| {
+                if hosts.is_empty() {
+                    return match p {
+                        Some(_) => write!(f, "{name}://{}", prefix(p)),
+                        None => write!(f, "{name}:"),
+                    };
+                }
+                let tls = if hosts.iter().any(|h| h.starts_with("https://")) {
+                    "+https"
+                } else {
+                    ""
+                };
+                let hosts: Vec<String> = hosts.iter().map(strip).collect();
+                write!(f, "{name}{tls}://{}{}", hosts.join(","), prefix(p))
+            };
         match self {
             BackendUrl::Memory => write!(f, "memory:"),
             BackendUrl::File { dir: None } => write!(f, "file:"),
@@ -284,12 +370,7 @@ impl fmt::Display for BackendUrl {
             BackendUrl::Etcd {
                 endpoints,
                 prefix: p,
-            } => write!(
-                f,
-                "etcd://{}{}",
-                endpoints.iter().map(strip).collect::<Vec<_>>().join(","),
-                prefix(p)
-            ),
+            } => store(f, "etcd", endpoints, p),
             BackendUrl::Zookeeper { servers, chroot } => write!(
                 f,
                 "zk://{}{}",
@@ -301,7 +382,12 @@ impl fmt::Display for BackendUrl {
                 chroot.as_deref().map(redact_prefix).unwrap_or_default()
             ),
             BackendUrl::Consul { address, prefix: p } => {
-                write!(f, "consul://{}{}", strip(address), prefix(p))
+                let hosts: &[String] = if address.is_empty() {
+                    &[]
+                } else {
+                    std::slice::from_ref(address)
+                };
+                store(f, "consul", hosts, p)
             }
             BackendUrl::Redis { address, db } => write!(f, "redis://{}/{db}", redact(address)),
             BackendUrl::Memcached { address } => write!(f, "memcached://{}", redact(address)),
@@ -353,29 +439,245 @@ impl fmt::Debug for BackendUrl {
     }
 }
 
+/// TLS certificate files for etcd and Consul, given directly (the CLI's `--ca-file`,
+/// `--cert-file` and `--key-file`). Each file given here wins over its environment variable
+/// (`ETCDCTL_CACERT`, `CONSUL_CACERT`, …); see the [module docs](self#tls).
+///
+/// Only paths are held: the files are read when connecting, and their contents (a private
+/// key) never appear in `Debug` output or messages.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA certificate (PEM) that signed the store's certificates.
+    pub ca: Option<PathBuf>,
+    /// The client certificate (PEM), for stores that require one; needs [`key`](Self::key).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+}
+
 impl BackendUrl {
-    /// Connects to the backend and runs `code` with it.
+    /// The name of the backend, as its [`BackendInfo::name`](crate::backend::BackendInfo::name)
+    /// says it, known before connecting.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            BackendUrl::Memory => "memory",
+            BackendUrl::File { .. } => "file",
+            BackendUrl::Etcd { .. } => "etcd",
+            BackendUrl::Zookeeper { .. } => "zookeeper",
+            BackendUrl::Consul { .. } => "consul",
+            BackendUrl::Memcached { .. } => "memcached",
+            BackendUrl::Redis { .. } => "redis",
+        }
+    }
+
+    /// The backend's [`BackendInfo::max_lock_delay`](crate::backend::BackendInfo::max_lock_delay),
+    /// known before connecting, so that a lock-delay the store cannot have is refused before
+    /// anything is sent (as [`ElectionBuilder::build`](crate::ElectionBuilder::build) would
+    /// refuse it afterwards).
+    pub fn max_lock_delay(&self) -> Option<std::time::Duration> {
+        match self {
+            BackendUrl::Memory => Some(std::time::Duration::MAX),
+            BackendUrl::Consul { .. } => Some(CONSUL_MAX_LOCK_DELAY),
+            _ => None,
+        }
+    }
+
+    /// Connects to the backend and runs `code` with it; TLS files, if any, come from the
+    /// environment. Same as [`connect_with_tls`](Self::connect_with_tls) with no [`TlsFiles`].
+    ///
+    /// # Errors
+    /// See [`connect_with_tls`](Self::connect_with_tls).
+    pub async fn connect<V: WithBackend>(&self, code: V) -> Result<V::Output> {
+        self.connect_with_tls(&TlsFiles::default(), code).await
+    }
+
+    /// Connects to the backend and runs `code` with it, with the TLS files of `tls` (each
+    /// winning over its environment variable).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] when the backend's cargo feature is not compiled in (the
-    /// message names the feature), or the backend's own connection errors.
-    pub async fn connect<V: WithBackend>(&self, code: V) -> Result<V::Output> {
+    /// message names the feature), when `tls` names files for a backend or URL without TLS,
+    /// or a file cannot be read; or the backend's own connection errors.
+    pub async fn connect_with_tls<V: WithBackend>(
+        &self,
+        tls: &TlsFiles,
+        code: V,
+    ) -> Result<V::Output> {
+        let tls_capable = matches!(self, BackendUrl::Etcd { .. } | BackendUrl::Consul { .. });
+        if !tls_capable && !tls.is_empty() {
+            return Err(bad(format!(
+                "TLS certificate files were given, but {self} has no TLS; they apply to \
+                 etcd+https:// and consul+https:// only"
+            )));
+        }
         match self {
             BackendUrl::Memory => Ok(code.call(crate::memory::MemoryBackend::new()).await),
             BackendUrl::File { dir } => connect_file(dir.clone(), code).await,
             BackendUrl::Etcd { endpoints, prefix } => {
-                connect_etcd(endpoints, prefix.as_deref(), code).await
+                connect_etcd(endpoints, prefix.as_deref(), tls, code).await
             }
             BackendUrl::Zookeeper { servers, chroot } => {
                 connect_zookeeper(servers, chroot.as_deref(), code).await
             }
             BackendUrl::Consul { address, prefix } => {
-                connect_consul(address, prefix.as_deref(), code).await
+                connect_consul(address, prefix.as_deref(), tls, code).await
             }
             BackendUrl::Redis { address, db } => connect_redis(address, *db, code).await,
             BackendUrl::Memcached { address } => connect_memcached(address, code).await,
         }
     }
+}
+
+/// The environment variables of one store's TLS files.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+struct TlsVars {
+    backend: &'static str,
+    ca: &'static str,
+    cert: &'static str,
+    key: &'static str,
+}
+
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+const ETCD_TLS_VARS: TlsVars = TlsVars {
+    backend: "etcd",
+    ca: "ETCDCTL_CACERT",
+    cert: "ETCDCTL_CERT",
+    key: "ETCDCTL_KEY",
+};
+
+#[cfg_attr(not(feature = "consul"), allow(dead_code))]
+const CONSUL_TLS_VARS: TlsVars = TlsVars {
+    backend: "consul",
+    ca: "CONSUL_CACERT",
+    cert: "CONSUL_CLIENT_CERT",
+    key: "CONSUL_CLIENT_KEY",
+};
+
+/// The PEM of a store's CA and client identity, read from the files of `given` or, for each
+/// one not given, of the variables `vars` names (through `var`).
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TlsPaths {
+    /// Each path, with where it came from (a variable's name, or "" when given directly).
+    ca: Option<(PathBuf, &'static str)>,
+    cert: Option<(PathBuf, &'static str)>,
+    key: Option<(PathBuf, &'static str)>,
+}
+
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+impl TlsPaths {
+    /// Each file of `given`, or else of its variable.
+    fn resolve(given: &TlsFiles, vars: &TlsVars, var: impl Fn(&str) -> Option<String>) -> Self {
+        let pick = |given: &Option<PathBuf>, name: &'static str| match given {
+            Some(path) => Some((path.clone(), "")),
+            None => var(name).map(|path| (PathBuf::from(path), name)),
+        };
+        TlsPaths {
+            ca: pick(&given.ca, vars.ca),
+            cert: pick(&given.cert, vars.cert),
+            key: pick(&given.key, vars.key),
+        }
+    }
+
+    /// The CA's PEM, and the client certificate's and key's, read from their files.
+    #[allow(clippy::type_complexity)]
+    fn read(&self, vars: &TlsVars) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>)> {
+        let read =
+            |file: &Option<(PathBuf, &'static str)>, what: &str| -> Result<Option<Vec<u8>>> {
+                let Some((path, from)) = file else {
+                    return Ok(None);
+                };
+                let from = if from.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (from {from})")
+                };
+                std::fs::read(path).map(Some).map_err(|e| Error::InvalidConfig {
+                backend: vars.backend,
+                reason: format!(
+                    "cannot read the {what} file {}{from}: {e}; fix the path or its permissions",
+                    path.display()
+                ),
+            })
+            };
+        let identity = match (&self.cert, &self.key) {
+            (None, None) => None,
+            (Some(_), Some(_)) => Some((
+                read(&self.cert, "client certificate")?.unwrap_or_default(),
+                read(&self.key, "client key")?.unwrap_or_default(),
+            )),
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(Error::InvalidConfig {
+                    backend: vars.backend,
+                    reason: format!(
+                        "a client certificate needs its private key and the other way round; \
+                         give both files (incumbent: --cert-file and --key-file; or {} and {})",
+                        vars.cert, vars.key
+                    ),
+                });
+            }
+        };
+        Ok((read(&self.ca, "CA certificate")?, identity))
+    }
+}
+
+/// Refuses TLS files given directly for a URL without TLS (the variables are ignored then:
+/// they are often set for a whole shell).
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+fn no_tls_files(given: &TlsFiles, backend: &'static str, shown: &str) -> Result<()> {
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig {
+        backend,
+        reason: format!(
+            "TLS certificate files were given, but {shown} is plain HTTP; write \
+             {backend}+https://host:port to use TLS, or drop the files"
+        ),
+    })
+}
+
+/// etcd's endpoints from `ETCDCTL_ENDPOINTS` (read through `var`), or etcdctl's default.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn etcd_endpoints(var: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    match var("ETCDCTL_ENDPOINTS") {
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        None => vec![DEFAULT_ETCD_ENDPOINT.to_owned()],
+    }
+}
+
+/// Consul's longest lock-delay (`consul::MAX_LOCK_DELAY`, here in builds without Consul too).
+const CONSUL_MAX_LOCK_DELAY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Where `etcd:` connects when `ETCDCTL_ENDPOINTS` is unset, as etcdctl does.
+const DEFAULT_ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
+/// Where `consul:` connects when `CONSUL_HTTP_ADDR` is unset, as Consul's tools do.
+const DEFAULT_CONSUL_ADDRESS: &str = "http://127.0.0.1:8500";
+
+/// The Consul agent's address from `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_SSL` (read through
+/// `var`), or Consul's default.
+#[cfg_attr(not(feature = "consul"), allow(dead_code))]
+fn consul_address(var: impl Fn(&str) -> Option<String>) -> String {
+    let Some(address) = var("CONSUL_HTTP_ADDR") else {
+        return DEFAULT_CONSUL_ADDRESS.to_owned();
+    };
+    if address.contains("://") {
+        return address;
+    }
+    let ssl = var("CONSUL_HTTP_SSL")
+        .is_some_and(|v| matches!(v.as_str(), "true" | "1" | "TRUE" | "True"));
+    format!("{}://{address}", if ssl { "https" } else { "http" })
 }
 
 #[cfg_attr(
@@ -540,9 +842,44 @@ async fn connect_file<V: WithBackend>(_dir: Option<PathBuf>, _code: V) -> Result
 async fn connect_etcd<V: WithBackend>(
     endpoints: &[String],
     prefix: Option<&str>,
+    given: &TlsFiles,
     code: V,
 ) -> Result<V::Output> {
+    let from_env = endpoints.is_empty();
+    let endpoints = if from_env {
+        etcd_endpoints(env)
+    } else {
+        endpoints.to_vec()
+    };
+    let shown = BackendUrl::Etcd {
+        endpoints: endpoints.clone(),
+        prefix: None,
+    }
+    .to_string();
+    let paths = TlsPaths::resolve(given, &ETCD_TLS_VARS, env);
+    // Endpoints without a scheme (from ETCDCTL_ENDPOINTS only) are https:// when a CA is
+    // given, as etcdctl has them.
+    let tls = endpoints.iter().any(|e| e.starts_with("https://"))
+        || (from_env && !endpoints.iter().any(|e| e.contains("://")) && paths.ca.is_some());
     let mut builder = crate::etcd::EtcdBackend::builder(endpoints.iter().cloned());
+    if tls {
+        let (ca, identity) = paths.read(&ETCD_TLS_VARS)?;
+        let Some(ca) = ca else {
+            return Err(Error::InvalidConfig {
+                backend: "etcd",
+                reason: format!(
+                    "{shown} needs the CA certificate that signed etcd's certificates; give \
+                     its file (incumbent: --ca-file; or ETCDCTL_CACERT)"
+                ),
+            });
+        };
+        builder = builder.ca_certificate(ca);
+        if let Some((cert, key)) = identity {
+            builder = builder.client_identity(cert, key);
+        }
+    } else {
+        no_tls_files(given, "etcd", &shown)?;
+    }
     if let Some(prefix) = prefix {
         builder = builder.prefix(prefix);
     }
@@ -556,6 +893,7 @@ async fn connect_etcd<V: WithBackend>(
 async fn connect_etcd<V: WithBackend>(
     _endpoints: &[String],
     _prefix: Option<&str>,
+    _given: &TlsFiles,
     _code: V,
 ) -> Result<V::Output> {
     Err(not_compiled("etcd"))
@@ -565,10 +903,32 @@ async fn connect_etcd<V: WithBackend>(
 async fn connect_consul<V: WithBackend>(
     address: &str,
     prefix: Option<&str>,
+    given: &TlsFiles,
     code: V,
 ) -> Result<V::Output> {
     use crate::consul::{ConsulBackend, ConsulConfig};
-    let mut config = ConsulConfig::new(address);
+    let address = if address.is_empty() {
+        consul_address(env)
+    } else {
+        address.to_owned()
+    };
+    let mut config = ConsulConfig::new(&address);
+    if address.starts_with("https://") {
+        let paths = TlsPaths::resolve(given, &CONSUL_TLS_VARS, env);
+        let (ca, identity) = paths.read(&CONSUL_TLS_VARS)?;
+        if let Some(ca) = ca {
+            config = config.ca_pem(ca);
+        }
+        if let Some((cert, key)) = identity {
+            config = config.client_identity_pem(cert, key);
+        }
+    } else {
+        let shown = BackendUrl::Consul {
+            address: address.clone(),
+            prefix: None,
+        };
+        no_tls_files(given, "consul", &shown.to_string())?;
+    }
     if let Some(token) = consul_token(env, |path| std::fs::read_to_string(path))? {
         config = config.token(token);
     }
@@ -583,6 +943,7 @@ async fn connect_consul<V: WithBackend>(
 async fn connect_consul<V: WithBackend>(
     _address: &str,
     _prefix: Option<&str>,
+    _given: &TlsFiles,
     _code: V,
 ) -> Result<V::Output> {
     Err(not_compiled("consul"))
@@ -767,7 +1128,9 @@ mod tests {
             ("nothing", "no scheme"),
             ("ftp://x", "unknown scheme"),
             ("file://relative", "absolute path"),
-            ("etcd://", "host:port"),
+            ("etcd+https://", "ETCDCTL_ENDPOINTS"),
+            ("consul+https:", "CONSUL_HTTP_ADDR"),
+            ("etcdx", "no scheme"),
             ("etcd://host", "not host:port"),
             ("etcd://host:0", "not host:port"),
             ("etcd://user:pw@host:2379", "environment"),
@@ -840,6 +1203,149 @@ mod tests {
         }
         let url: BackendUrl = "etcd://a:2379,b:2379/jobs".parse().expect("valid");
         assert_eq!(url.to_string(), "etcd://a:2379,b:2379/jobs/");
+    }
+
+    struct Info;
+    impl WithBackend for Info {
+        type Output = crate::backend::BackendInfo;
+        async fn call<B: Backend>(self, backend: B) -> crate::backend::BackendInfo {
+            backend.info()
+        }
+    }
+
+    #[tokio::test]
+    async fn what_a_url_knows_before_connecting_is_what_the_backend_says() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut urls = vec![
+            "memory:".to_owned(),
+            format!("file://{}", dir.path().display()),
+        ];
+        if cfg!(feature = "consul") {
+            // Nothing is sent to Consul before a campaign: no agent is needed.
+            urls.push("consul://127.0.0.1:1".to_owned());
+        }
+        for text in urls {
+            let url: BackendUrl = text.parse().expect("valid");
+            let info = url.connect(Info).await.expect("connect");
+            assert_eq!(url.backend_name(), info.name, "{text}");
+            assert_eq!(url.max_lock_delay(), info.max_lock_delay, "{text}");
+        }
+    }
+
+    #[test]
+    fn tls_schemes_make_https_endpoints_and_print_back() {
+        let url: BackendUrl = "etcd+https://a:2379,b:2379/jobs".parse().expect("valid");
+        assert_eq!(
+            url,
+            BackendUrl::Etcd {
+                endpoints: vec!["https://a:2379".into(), "https://b:2379".into()],
+                prefix: Some("jobs/".into())
+            }
+        );
+        assert_eq!(url.to_string(), "etcd+https://a:2379,b:2379/jobs/");
+        let url: BackendUrl = "consul+https://c:8501/p".parse().expect("valid");
+        assert_eq!(
+            url,
+            BackendUrl::Consul {
+                address: "https://c:8501".into(),
+                prefix: Some("p/".into())
+            }
+        );
+        assert_eq!(url.to_string(), "consul+https://c:8501/p/");
+        assert_eq!(url.to_string().parse::<BackendUrl>().ok(), Some(url));
+    }
+
+    #[test]
+    fn urls_without_a_host_take_the_address_from_the_environment() {
+        for (text, url, shown) in [
+            (
+                "etcd:",
+                BackendUrl::Etcd {
+                    endpoints: vec![],
+                    prefix: None,
+                },
+                "etcd:",
+            ),
+            (
+                "etcd:///jobs",
+                BackendUrl::Etcd {
+                    endpoints: vec![],
+                    prefix: Some("jobs/".into()),
+                },
+                "etcd:///jobs/",
+            ),
+            (
+                "consul://",
+                BackendUrl::Consul {
+                    address: String::new(),
+                    prefix: None,
+                },
+                "consul:",
+            ),
+        ] {
+            let parsed: BackendUrl = text.parse().expect(text);
+            assert_eq!(parsed, url, "{text}");
+            assert_eq!(parsed.to_string(), shown, "{text}");
+            assert_eq!(shown.parse::<BackendUrl>().ok(), Some(url), "{shown}");
+        }
+        assert_eq!(etcd_endpoints(vars(&[])), vec!["http://127.0.0.1:2379"]);
+        assert_eq!(
+            etcd_endpoints(vars(&[("ETCDCTL_ENDPOINTS", "https://a:1, b:2")])),
+            vec!["https://a:1", "b:2"]
+        );
+        assert_eq!(consul_address(vars(&[])), "http://127.0.0.1:8500");
+        assert_eq!(
+            consul_address(vars(&[("CONSUL_HTTP_ADDR", "c:8501")])),
+            "http://c:8501"
+        );
+        assert_eq!(
+            consul_address(vars(&[
+                ("CONSUL_HTTP_ADDR", "c:8501"),
+                ("CONSUL_HTTP_SSL", "true")
+            ])),
+            "https://c:8501"
+        );
+        assert_eq!(
+            consul_address(vars(&[("CONSUL_HTTP_ADDR", "https://c:8501")])),
+            "https://c:8501"
+        );
+    }
+
+    #[test]
+    fn tls_files_given_directly_win_over_the_variables() {
+        let env = vars(&[
+            ("ETCDCTL_CACERT", "/env/ca.pem"),
+            ("ETCDCTL_CERT", "/env/cert.pem"),
+            ("CONSUL_CLIENT_KEY", "/env/consul-key.pem"),
+        ]);
+        let given = TlsFiles {
+            ca: Some("/flag/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let etcd = TlsPaths::resolve(&given, &ETCD_TLS_VARS, &env);
+        assert_eq!(etcd.ca, Some(("/flag/ca.pem".into(), "")));
+        assert_eq!(etcd.cert, Some(("/env/cert.pem".into(), "ETCDCTL_CERT")));
+        assert_eq!(etcd.key, None);
+        let err = etcd.read(&ETCD_TLS_VARS).unwrap_err().to_string();
+        assert!(
+            err.contains("--key-file") && err.contains("ETCDCTL_KEY"),
+            "{err}"
+        );
+        let consul = TlsPaths::resolve(&TlsFiles::default(), &CONSUL_TLS_VARS, &env);
+        assert_eq!(consul.ca, None);
+        assert_eq!(
+            consul.key,
+            Some(("/env/consul-key.pem".into(), "CONSUL_CLIENT_KEY"))
+        );
+        let missing = TlsPaths {
+            ca: Some(("/no/such/ca.pem".into(), "CONSUL_CACERT")),
+            ..TlsPaths::default()
+        };
+        let err = missing.read(&CONSUL_TLS_VARS).unwrap_err().to_string();
+        assert!(
+            err.contains("/no/such/ca.pem") && err.contains("CONSUL_CACERT"),
+            "{err}"
+        );
     }
 
     fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {

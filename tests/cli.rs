@@ -1124,7 +1124,12 @@ fn a_lock_directory_that_cannot_be_made_ends_every_subcommand_at_once_with_exit_
 }
 
 /// An address on the loopback interface where nothing listens.
-#[cfg(any(feature = "etcd", feature = "consul"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "consul",
+    feature = "redis",
+    feature = "memcached"
+))]
 fn unreachable_address() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     let port = listener.local_addr().expect("local address").port();
@@ -1133,8 +1138,14 @@ fn unreachable_address() -> String {
 }
 
 /// Against a store nobody answers at: `run` keeps trying without --fail-after, and gives up
-/// with exit code 1 after it; `observe` likewise; `status` gives up after --timeout.
-#[cfg(any(feature = "etcd", feature = "consul"))]
+/// with exit code 1 after it; `observe` likewise; `status` gives up after --timeout. Each
+/// line says where the store is.
+#[cfg(any(
+    feature = "etcd",
+    feature = "consul",
+    feature = "redis",
+    feature = "memcached"
+))]
 fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
     let sandbox = Sandbox::new();
     let e = ELECTION;
@@ -1202,6 +1213,11 @@ fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
             last.contains("giving up") && last.contains(option) && last.contains("unavailable"),
             "{args:?}: {stderr}"
         );
+        let address = backend.split_once("://").map_or(backend, |(_, a)| a);
+        assert!(
+            last.contains(address),
+            "{args:?}: names no endpoint: {last}"
+        );
         assert!(stderr.contains("retrying in"), "{args:?}: {stderr}");
         for line in stderr.lines() {
             assert!(!repeats_a_part(line), "{args:?}: a repeated chain: {line}");
@@ -1229,6 +1245,104 @@ fn an_unreachable_consul_agent_is_retried_until_fail_after() {
     ));
 }
 
+#[cfg(feature = "redis")]
+#[test]
+fn an_unreachable_redis_is_retried_until_fail_after() {
+    an_unreachable_store_is_retried_until_fail_after(&format!("redis://{}", unreachable_address()));
+}
+
+#[cfg(feature = "memcached")]
+#[test]
+fn an_unreachable_memcached_is_retried_until_fail_after() {
+    an_unreachable_store_is_retried_until_fail_after(&format!(
+        "memcached://{}",
+        unreachable_address()
+    ));
+}
+
+/// A host name that cannot resolve (`.invalid` never does) is a store that cannot be reached:
+/// retried, like a refused connection (a name may resolve later, as a new service's DNS
+/// record appears), and given up at --fail-after (or --timeout), even by a backend whose own
+/// connect timeout is longer, never hanging; the last line names the host.
+#[test]
+fn an_unresolvable_host_is_retried_until_fail_after_on_every_store() {
+    let urls = [
+        (
+            cfg!(feature = "zookeeper"),
+            "zk://no-such-host.invalid:2181/x",
+        ),
+        (cfg!(feature = "redis"), "redis://no-such-host.invalid:6379"),
+        (
+            cfg!(feature = "memcached"),
+            "memcached://no-such-host.invalid:11211",
+        ),
+        (cfg!(feature = "etcd"), "etcd://no-such-host.invalid:2379"),
+        (
+            cfg!(feature = "consul"),
+            "consul://no-such-host.invalid:8500",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(built, url)| built.then_some(url));
+    let sandbox = Sandbox::new();
+    for url in urls {
+        for (args, option) in [
+            (
+                vec![
+                    "run",
+                    "--backend",
+                    url,
+                    "--election",
+                    ELECTION,
+                    "--fail-after",
+                    "2s",
+                    "--",
+                    "true",
+                ],
+                "--fail-after 2s",
+            ),
+            (
+                vec![
+                    "status",
+                    "--backend",
+                    url,
+                    "--election",
+                    ELECTION,
+                    "--timeout",
+                    "2s",
+                ],
+                "--timeout 2s",
+            ),
+        ] {
+            // `status` goes the same way as `run`: tried once, on the store that connects
+            // with its own, longer, timeout.
+            if args[0] == "status" && !url.starts_with("zk:") {
+                continue;
+            }
+            let began = Instant::now();
+            let output = sandbox.output(&args);
+            let took = began.elapsed();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                took >= Duration::from_secs(2) && took < Duration::from_millis(3500),
+                "{args:?}: gave up after {took:?}: {stderr}"
+            );
+            let last = stderr.trim().lines().last().unwrap_or_default();
+            assert!(
+                last.contains("giving up")
+                    && last.contains(option)
+                    && last.contains("unavailable")
+                    && last.contains("no-such-host.invalid"),
+                "{args:?}: {stderr}"
+            );
+            for line in stderr.lines() {
+                assert!(!repeats_a_part(line), "{args:?}: a repeated chain: {line}");
+            }
+        }
+    }
+}
+
 // ---- messages: flags, not builder methods; one chain; no colour; one JSON schema ----
 
 /// Whether some part of a `: `-separated error chain comes twice.
@@ -1251,6 +1365,50 @@ fn error_lines_name_the_flags_not_the_librarys_builder_methods() {
     assert!(stderr.contains("--ttl"), "{stderr}");
     assert!(!stderr.contains(".ttl()"), "{stderr}");
     assert!(!stderr.contains("()"), "{stderr}");
+}
+
+#[test]
+fn lock_delay_on_a_store_without_one_or_above_its_maximum_is_exit_code_2() {
+    let sandbox = Sandbox::new();
+    let run = |backend: &str, delay: &str| {
+        let mut args = vec!["run", "--election", ELECTION, "--lock-delay", delay];
+        if !backend.is_empty() {
+            args.extend(["--backend", backend]);
+        }
+        args.extend(["--exit-with-child", "--fail-after", "2s", "--", "true"]);
+        sandbox.output(&args)
+    };
+    let mut cases = vec![("", "5s", "file"), ("memory:", "1s", "")];
+    // Consul's agent is not asked before the election is built: nothing need listen.
+    #[cfg(feature = "consul")]
+    cases.push(("consul://127.0.0.1:1", "61s", "longer than consul allows"));
+    // Refused before connecting: an etcd nobody answers at is not tried first.
+    #[cfg(feature = "etcd")]
+    cases.push(("etcd://127.0.0.1:1", "5s", "etcd has no lock-delay"));
+    for (backend, delay, names) in cases {
+        let output = run(backend, delay);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if names.is_empty() {
+            // The memory backend has a lock-delay: accepted.
+            assert_eq!(output.status.code(), Some(0), "{backend}: {stderr}");
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(2), "{backend} {delay}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("--lock-delay") && stderr.contains(names),
+            "{backend} {delay}: {stderr}"
+        );
+        assert!(!stderr.contains("()"), "{stderr}");
+    }
+    // Zero is no lock-delay: every store has that.
+    let output = run("", "0s");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 #[test]

@@ -653,3 +653,54 @@ async fn an_unreachable_agent_is_reported_as_unavailable_and_retried() {
         campaign.status().borrow().role
     );
 }
+
+/// A campaign over HTTPS, with a CA and a client certificate made by `openssl`, is elected; a
+/// CA that did not sign the agent's certificate is a configuration error that the campaign
+/// reports (and no session is ever made), not an agent that seems down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_over_https_is_elected_and_a_wrong_ca_is_reported_as_configuration() {
+    use incumbent::backend::Backend as _;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    support::tls::make_certificates(d);
+    let (_consul, https) = support::tls::consul_with_tls(d).await;
+    let read = |name: &str| std::fs::read(d.join(name)).expect("read PEM");
+    let config = |ca: &str| {
+        ConsulConfig::new(format!("https://{https}"))
+            .ca_pem(read(ca))
+            .client_identity_pem(read("client.pem"), read("client.key"))
+    };
+    let trusted = ConsulBackend::new(config("ca.pem")).expect("valid settings");
+    assert!(!format!("{trusted:?}").contains("PRIVATE KEY"));
+    let mut campaign = election(trusted, "tls", "a").campaign();
+    elected(&mut campaign, Duration::from_secs(20)).await;
+
+    let untrusted = ConsulBackend::new(config("other-ca.pem")).expect("valid settings");
+    let session = untrusted
+        .open_session(&incumbent::backend::SessionOptions {
+            ttl: TTL,
+            renew_interval: TTL / 2,
+            lock_delay: Some(Duration::ZERO),
+            name: "tls".into(),
+        })
+        .await;
+    match session {
+        Err(Error::InvalidConfig { reason, .. }) => {
+            assert!(reason.contains("ca_pem"), "{reason}")
+        }
+        other => panic!("an untrusted agent certificate is a configuration error: {other:?}"),
+    }
+    let refused = election(untrusted, "tls", "b").campaign();
+    let mut status = refused.status();
+    let problem = timeout(
+        Duration::from_secs(10),
+        status.wait_for(|s| s.problem.is_some()),
+    )
+    .await
+    .expect("the campaign reports the problem")
+    .expect("status")
+    .problem
+    .clone()
+    .expect("a problem");
+    assert!(problem.message.contains("TLS"), "{}", problem.message);
+}

@@ -937,128 +937,6 @@ async fn debug_output_hides_the_password() {
     assert!(!shown.contains("secret"), "the password leaked: {shown}");
 }
 
-/// Writes a CA, a server certificate for 127.0.0.1 and a client certificate into `dir`, with
-/// the `openssl` command.
-fn make_certificates(dir: &std::path::Path) {
-    let openssl = |args: &[&str]| {
-        let output = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("run openssl (Debian: apt-get install openssl)");
-        assert!(output.status.success(), "openssl {args:?}: {output:?}");
-    };
-    let key = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        &[
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=incumbent test CA",
-            ][..],
-            &key,
-            &["-keyout", "ca.key", "-out", "ca.pem"],
-            &["-addext", "basicConstraints=critical,CA:TRUE"],
-            &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        ]
-        .concat(),
-    );
-    openssl(
-        &[
-            &["req", "-x509", "-days", "1", "-subj", "/CN=some other CA"][..],
-            &key,
-            &["-keyout", "other-ca.key", "-out", "other-ca.pem"],
-        ]
-        .concat(),
-    );
-    std::fs::write(
-        dir.join("leaf.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
-         extendedKeyUsage=serverAuth,clientAuth\n\
-         basicConstraints=CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\n",
-    )
-    .expect("write extensions");
-    for leaf in ["server", "client"] {
-        let (csr, pem, private) = (
-            format!("{leaf}.csr"),
-            format!("{leaf}.pem"),
-            format!("{leaf}.key"),
-        );
-        openssl(
-            &[
-                &["req", "-subj", &format!("/CN={leaf}")][..],
-                &key,
-                &["-keyout", &private, "-out", &csr],
-            ]
-            .concat(),
-        );
-        openssl(&[
-            "x509",
-            "-req",
-            "-days",
-            "1",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-extfile",
-            "leaf.ext",
-            "-out",
-            &pem,
-        ]);
-    }
-}
-
-/// Starts etcd serving clients over TLS and requiring client certificates; its health is
-/// probed on a plain-HTTP metrics listener.
-async fn etcd_with_tls(dir: &std::path::Path) -> (support::ServerProcess, String) {
-    let client = support::net::free_addr();
-    let peer = support::net::free_addr();
-    let metrics = support::net::free_addr();
-    let file = |name: &str| dir.join(name).display().to_string();
-    let args = vec![
-        "--name=tls".to_owned(),
-        format!("--data-dir={}", file("data")),
-        format!("--listen-client-urls=https://{client}"),
-        format!("--advertise-client-urls=https://{client}"),
-        format!("--listen-peer-urls=http://{peer}"),
-        format!("--initial-advertise-peer-urls=http://{peer}"),
-        format!("--initial-cluster=tls=http://{peer}"),
-        format!("--listen-metrics-urls=http://{metrics}"),
-        format!("--cert-file={}", file("server.pem")),
-        format!("--key-file={}", file("server.key")),
-        format!("--trusted-ca-file={}", file("ca.pem")),
-        "--client-cert-auth".to_owned(),
-    ];
-    let probe = support::Probe::Http {
-        addr: metrics,
-        path: "/health",
-        check: support::etcd::is_healthy,
-    };
-    let mut process = support::ServerProcess::spawn(
-        "etcd-tls",
-        support::bin::find_binary("etcd"),
-        args,
-        dir,
-        probe,
-    );
-    process.wait_ready().await;
-    (process, format!("https://{client}"))
-}
-
 /// With the `etcd-tls` feature: a CA and a client certificate reach an etcd that requires
 /// them. Without it: asking for TLS names the feature to enable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1075,7 +953,7 @@ async fn tls_with_a_client_certificate() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    make_certificates(dir.path());
+    support::tls::make_certificates(dir.path());
     let read = |name: &str| std::fs::read(dir.path().join(name)).expect("read PEM");
     let with_tls = |endpoint: &str| {
         EtcdBackend::builder([endpoint.to_owned()])
@@ -1084,7 +962,7 @@ async fn tls_with_a_client_certificate() {
             .connect_timeout(Duration::from_secs(2))
     };
 
-    let (_etcd, endpoint) = etcd_with_tls(dir.path()).await;
+    let (_etcd, endpoint) = support::tls::etcd_with_tls(dir.path()).await;
     let backend = with_tls(&endpoint)
         .connect()
         .await

@@ -120,6 +120,10 @@ pub struct BackendInfo {
     /// election does not set one: 3 for most stores (three chances before expiry, as etcd's
     /// own keep-alive); 2 for Consul, whose ttl is only a lower bound.
     pub renew_divisor: u32,
+    /// The longest lock-delay ([`SessionOptions::lock_delay`]) the store accepts; `None`: the
+    /// store has no lock-delay, and an election that asks for one (other than zero) is
+    /// refused. Consul: 60 s; the memory backend: `Duration::MAX` (no limit of its own).
+    pub max_lock_delay: Option<Duration>,
 }
 
 /// How a backend's [`Contender::wait`] learns about changes.

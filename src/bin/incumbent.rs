@@ -62,9 +62,10 @@
 //! Failing fast or retrying is one rule for every backend: a permanent error (a lock
 //! directory that cannot be made, credentials the store refuses, an invalid configuration)
 //! ends the program at once with exit code 2 (`run` opens one session and reads the leader
-//! once before campaigning, to find them); a store that cannot be reached is retried with
-//! back-off, until `--fail-after` (`run`, `observe`; default: for ever) or `--timeout`
-//! (`status`, `resign`), then exit code 1.
+//! once before campaigning, to find them); a store that cannot be reached (connection refused,
+//! a host name that does not resolve, no answer in time) is retried with back-off, until
+//! `--fail-after` (`run`, `observe`; default: for ever) or `--timeout` (`status`, `resign`),
+//! then exit code 1, however long one attempt to connect would take.
 //! Durations are written like `500ms`, `10s`, `2m`, `1h`, `1m30s` or `1h 30min` (see the
 //! `humantime` crate), at most a year; a longer one is a usage error (exit code 2).
 //!
@@ -102,12 +103,13 @@ mod watchdog;
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{Args, Parser, Subcommand};
-use incumbent::url::BackendUrl;
+use incumbent::url::{BackendUrl, TlsFiles};
 use tokio::time::Instant;
 
 use crate::report::{LogFormat, Reporter};
@@ -122,16 +124,35 @@ environment unless --pass-credentials):
   INCUMBENT_BACKEND         the backend URL when --backend is not given
   RUST_LOG                  which library log lines to write (default: warn; with --quiet: error)
   PATH                      where `run` looks for CMD when it has no '/'
+  ETCDCTL_ENDPOINTS         etcd: the endpoints of --backend etcd: (or etcd:///prefix), e.g. \
+https://10.0.0.1:2379,https://10.0.0.2:2379 [default: http://127.0.0.1:2379]
   ETCDCTL_USER              etcd: user:password (as etcdctl --user), or the user name
   ETCDCTL_PASSWORD          etcd: the password of ETCDCTL_USER
   INCUMBENT_ETCD_USER       etcd: the user name; when set, wins over ETCDCTL_USER
   INCUMBENT_ETCD_PASSWORD   etcd: the password of INCUMBENT_ETCD_USER
+  ETCDCTL_CACERT            etcd over TLS: the CA certificate file, unless --ca-file
+  ETCDCTL_CERT              etcd over TLS: the client certificate file, unless --cert-file
+  ETCDCTL_KEY               etcd over TLS: the client key file, unless --key-file
+  CONSUL_HTTP_ADDR          Consul: the agent of --backend consul: (or consul:///prefix), \
+host:port or https://host:port [default: http://127.0.0.1:8500]
+  CONSUL_HTTP_SSL           Consul: true makes a CONSUL_HTTP_ADDR without a scheme https://
   CONSUL_HTTP_TOKEN         Consul: the ACL token
   CONSUL_HTTP_TOKEN_FILE    Consul: a file holding the ACL token; wins over CONSUL_HTTP_TOKEN
+  CONSUL_CACERT             Consul over HTTPS: the CA certificate file, unless --ca-file
+  CONSUL_CLIENT_CERT        Consul over HTTPS: the client certificate file, unless --cert-file
+  CONSUL_CLIENT_KEY         Consul over HTTPS: the client key file, unless --key-file
   INCUMBENT_ZK_AUTH         ZooKeeper: user:password for the digest scheme
   INCUMBENT_REDIS_USER      Redis: the ACL user name
   INCUMBENT_REDIS_PASSWORD  Redis: the password; when set, wins over REDISCLI_AUTH
-  REDISCLI_AUTH             Redis: the password, as redis-cli reads it"
+  REDISCLI_AUTH             Redis: the password, as redis-cli reads it
+
+Precedence: a flag wins over the backend URL, which wins over the environment. --ca-file, \
+--cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY and CONSUL_CACERT/CLIENT_CERT/\
+CLIENT_KEY; a URL with a host (etcd://host:port) wins over ETCDCTL_ENDPOINTS and \
+CONSUL_HTTP_ADDR, which only etcd: and consul: read. TLS is on for etcd+https:// and \
+consul+https:// (and https:// addresses in those variables); a plain-HTTP URL ignores the \
+TLS variables and refuses the TLS flags. A certificate that does not check out is a \
+configuration error (exit code 2), not retried."
     };
 }
 
@@ -142,9 +163,11 @@ macro_rules! failing_and_exit_codes {
 Failing fast or retrying, the same on every backend: a permanent error (bad options, a lock \
 directory that cannot be made, credentials the store refuses, an invalid configuration) \
 ends the program at once, with exit code 2; a store that cannot be reached (connection \
-refused, no answer in time) is tried again with back-off: by `run` and `observe` until \
---fail-after (by default for ever), by `status` and `resign` until --timeout; then exit \
-code 1.
+refused, a host name that does not resolve, no answer in time) is tried again with \
+back-off: by `run` and `observe` until --fail-after (by default for ever), by `status` and \
+`resign` until --timeout, however long one attempt to connect would take; then exit code 1. \
+A name that does not resolve counts as unreachable, not permanent: DNS may be down, or the \
+name not yet published.
 
 Exit codes: 0 after a graceful shutdown (SIGINT, SIGTERM); 1 for run-time failures (the \
 store unreachable for longer than --fail-after or --timeout); 2 for usage and configuration \
@@ -248,9 +271,10 @@ enum Command {
 #[derive(Debug, Args)]
 struct Target {
     /// Where the election lives: file:///dir, file: (the default directory), memory:,
-    /// etcd://host:port[,host:port…][/prefix], consul://host:port[/prefix],
-    /// zk://host:port[,host:port…][/chroot], redis://host:port[/db], memcached://host:port.
-    /// Credentials come from the environment, never the URL.
+    /// etcd://host:port[,host:port…][/prefix], etcd+https://… (TLS), etcd: (endpoints from
+    /// ETCDCTL_ENDPOINTS), consul://host:port[/prefix], consul+https://… (TLS), consul:
+    /// (CONSUL_HTTP_ADDR), zk://host:port[,host:port…][/chroot], redis://host:port[/db],
+    /// memcached://host:port. Credentials come from the environment, never the URL.
     #[arg(
         long,
         env = "INCUMBENT_BACKEND",
@@ -262,6 +286,29 @@ struct Target {
     /// The election's name, e.g. jobs/index-builder.
     #[arg(long, value_name = "NAME")]
     election: String,
+    /// The CA certificate (PEM) that signed the store's certificates, for etcd+https:// and
+    /// consul+https:// [default: ETCDCTL_CACERT or CONSUL_CACERT].
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// The client certificate (PEM), for an etcd with --client-cert-auth or a Consul agent
+    /// with verify_incoming; with --key-file [default: ETCDCTL_CERT or CONSUL_CLIENT_CERT].
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM), a file: never a key as a flag's value
+    /// [default: ETCDCTL_KEY or CONSUL_CLIENT_KEY].
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+}
+
+impl Target {
+    /// The TLS files given as flags.
+    fn tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca: self.ca_file.clone(),
+            cert: self.cert_file.clone(),
+            key: self.key_file.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -278,7 +325,9 @@ struct RunArgs {
     /// How long the store keeps the session without renewal [default: 10s].
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     ttl: Option<Duration>,
-    /// After a lost session, how long the store keeps the lock from everyone (Consul).
+    /// After a lost session, how long the store keeps the lock from everyone: Consul only, at
+    /// most 60s (a longer one, or one on another backend, is an error) [default: Consul's,
+    /// 15s].
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     lock_delay: Option<Duration>,
     /// How long the command gets to exit after SIGTERM before its group gets SIGKILL. After
@@ -364,9 +413,9 @@ impl Failure {
 impl From<incumbent::Error> for Failure {
     fn from(error: incumbent::Error) -> Self {
         use incumbent::Error as E;
-        if let E::Unavailable { backend, reason } = &error {
+        if let E::Unavailable { .. } = &error {
             // The library's message promises a retry; this program gives up instead.
-            return Failure::Runtime(format!("{backend} is unavailable: {reason}"));
+            return Failure::Runtime(retry::describe(&error));
         }
         // Configuration the operator must fix: options, the lock directory, the credentials.
         if matches!(
@@ -393,11 +442,22 @@ fn key_value(text: &str) -> Result<(String, String), String> {
 }
 
 /// The backend URL and the election name, checked before anything connects.
-fn target(target: &Target) -> Result<(BackendUrl, String), Failure> {
+fn target(target: &Target) -> Result<(Store, String), Failure> {
     let url: BackendUrl = target.backend.parse()?;
     incumbent::config::validate_name(&target.election)?;
     log::set_election(&target.election);
-    Ok((url, target.election.clone()))
+    retry::name_store(&url);
+    let store = Store {
+        url,
+        tls: target.tls(),
+    };
+    Ok((store, target.election.clone()))
+}
+
+/// Where the election lives: the backend URL and the TLS files given as flags.
+struct Store {
+    url: BackendUrl,
+    tls: TlsFiles,
 }
 
 fn main() -> ExitCode {
@@ -442,7 +502,7 @@ const LAST_LINES_WAIT: Duration = Duration::from_millis(500);
 /// Connects to the backend and runs `code`, retrying while the store cannot be reached (see
 /// [`retry`]); the time spent counts from `since`.
 async fn connect<V>(
-    url: &BackendUrl,
+    store: &Store,
     code: &V,
     patience: retry::Patience,
     since: Instant,
@@ -451,7 +511,56 @@ async fn connect<V>(
 where
     V: incumbent::url::WithBackend + Clone,
 {
-    patience.run(since, out, || url.connect(code.clone())).await
+    let limit = patience.fail_after.and_then(|d| since.checked_add(d));
+    patience
+        .run(since, out, || {
+            let (connected, told) = tokio::sync::oneshot::channel();
+            let code = Connected {
+                code: code.clone(),
+                connected,
+            };
+            let attempt = store.url.connect_with_tls(&store.tls, code);
+            retry::until_connected(attempt, told, limit, store.url.backend_name())
+        })
+        .await
+}
+
+/// `code`, telling `connected` when it is handed the backend.
+struct Connected<V> {
+    code: V,
+    connected: tokio::sync::oneshot::Sender<()>,
+}
+
+impl<V: incumbent::url::WithBackend> incumbent::url::WithBackend for Connected<V> {
+    type Output = V::Output;
+
+    async fn call<B: incumbent::backend::Backend>(self, backend: B) -> V::Output {
+        let _ = self.connected.send(());
+        self.code.call(backend).await
+    }
+}
+
+/// Refuses, before connecting, a `--lock-delay` that the store cannot have (the library
+/// refuses it too, once connected).
+fn check_lock_delay(url: &BackendUrl, delay: Option<Duration>) -> Result<(), Failure> {
+    let Some(delay) = delay.filter(|d| !d.is_zero()) else {
+        return Ok(());
+    };
+    let backend = url.backend_name();
+    match url.max_lock_delay() {
+        None => Err(Failure::Usage(format!(
+            "invalid timing: --lock-delay {}: {backend} has no lock-delay (Consul has one); \
+             remove --lock-delay, or set it to 0s",
+            report::human(delay)
+        ))),
+        Some(max) if delay > max => Err(Failure::Usage(format!(
+            "invalid timing: --lock-delay {} is longer than {backend} allows ({}); set \
+             --lock-delay to at most that",
+            report::human(delay),
+            report::human(max)
+        ))),
+        Some(_) => Ok(()),
+    }
 }
 
 async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
@@ -459,10 +568,11 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
     match command {
         Command::Run(args) => {
             let (url, election) = target(&args.target)?;
+            check_lock_delay(&url.url, args.lock_delay)?;
             let program = process::resolve(&args.command).map_err(Failure::Usage)?;
             let run = run::Run {
                 election,
-                backend: url.to_string(),
+                backend: url.url.to_string(),
                 id: args.id,
                 metadata: args.metadata,
                 ttl: args.ttl,
@@ -519,7 +629,7 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
             };
             let resign = inspect::Resign {
                 election,
-                backend: url.clone(),
+                backend: url.url.clone(),
                 timeout: args.timeout,
                 began,
                 out: out.clone(),

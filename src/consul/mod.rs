@@ -87,7 +87,8 @@
 //!
 //! When a session is invalidated (its ttl ran out, or it was destroyed) while holding a lock,
 //! Consul refuses to let anyone acquire that key for the session's lock-delay (default 15 s,
-//! at most 60 s; set it per election with
+//! at most 60 s, [`MAX_LOCK_DELAY`]: a longer one is refused with [`Error::InvalidTiming`],
+//! not shortened as Consul itself would; set it per election with
 //! [`ElectionBuilder::lock_delay`](crate::ElectionBuilder::lock_delay) or for the whole
 //! backend with [`ConsulBuilder::lock_delay`]; zero turns it off). It gives a leader that was
 //! cut off time to notice before another takes over. A graceful hand-off releases the lock
@@ -163,7 +164,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 /// The lock-delay of a session created without one, as Consul sets it; also what a candidate
 /// assumes when it does not know the delay that refuses it.
 pub const CONSUL_DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
-/// Consul shortens longer lock-delays to this.
+/// The longest lock-delay Consul accepts ("between 0 and 60 seconds" in Consul's session
+/// API; Consul itself shortens longer ones to this, incumbent refuses them).
 pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// Added to the computed end of a lock-delay before trying again, so that the attempt does
 /// not arrive a hair too early (Consul measures the delay on its own clock, from a moment
@@ -231,7 +233,8 @@ impl ConsulBuilder {
 
     /// The lock-delay of sessions for elections that do not set one with
     /// [`ElectionBuilder::lock_delay`](crate::ElectionBuilder::lock_delay). Default: Consul's
-    /// own, [`CONSUL_DEFAULT_LOCK_DELAY`]. Consul shortens delays above [`MAX_LOCK_DELAY`].
+    /// own, [`CONSUL_DEFAULT_LOCK_DELAY`]. A delay above [`MAX_LOCK_DELAY`] is refused by
+    /// [`build`](Self::build).
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.lock_delay = Some(delay);
         self
@@ -244,8 +247,15 @@ impl ConsulBuilder {
     /// than `http` or `https`, credentials in it), an ACL token that cannot be sent as an HTTP
     /// header, TLS material that is not PEM, or a prefix that makes no valid key (`a//b`,
     /// `.` or `..` segments) or that has a `?` or `#` (most likely a pasted URL whose query, a
-    /// token perhaps, would end up in every key; the message shows it redacted).
+    /// token perhaps, would end up in every key; the message shows it redacted); with
+    /// [`Error::InvalidTiming`] for a lock-delay above [`MAX_LOCK_DELAY`].
     pub fn build(self) -> Result<ConsulBackend> {
+        if let Some(delay) = self.lock_delay.filter(|d| *d > MAX_LOCK_DELAY) {
+            return Err(Error::timing(format!(
+                "lock_delay {delay:?} is longer than Consul allows ({MAX_LOCK_DELAY:?}); set \
+                 ConsulBuilder::lock_delay to at most that"
+            )));
+        }
         if self.prefix.contains(['?', '#']) {
             return Err(Error::InvalidConfig {
                 backend: NAME,
@@ -372,6 +382,7 @@ impl Backend for ConsulBackend {
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
             renew_divisor: 2,
+            max_lock_delay: Some(MAX_LOCK_DELAY),
         }
     }
 
@@ -420,6 +431,19 @@ mod tests {
             assert!(message.contains("'?' or '#'"), "{message}");
             assert!(!message.contains("s3cr3t"), "{message}");
         }
+    }
+
+    #[test]
+    fn lock_delays_above_consuls_maximum_are_refused() {
+        let build = |delay| {
+            ConsulBackend::builder(ConsulConfig::default())
+                .lock_delay(delay)
+                .build()
+        };
+        assert!(build(MAX_LOCK_DELAY).is_ok());
+        let e = build(MAX_LOCK_DELAY + Duration::from_millis(1)).unwrap_err();
+        assert!(matches!(e, Error::InvalidTiming { .. }), "{e}");
+        assert!(e.to_string().contains("60s"), "{e}");
     }
 
     #[test]

@@ -222,7 +222,7 @@ impl EtcdBuilder {
         .await
         {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(error::from_client(e)),
+            Ok(Err(e)) => return Err(at(&endpoints, error::from_client(e))),
             Err(_) => return Err(no_answer(&endpoints, self.connect_timeout)),
         };
         let backend = EtcdBackend::new(
@@ -237,12 +237,27 @@ impl EtcdBuilder {
         );
         match timeout(self.connect_timeout, backend.probe()).await {
             Ok(Ok(())) => Ok(backend),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => Err(at(&backend.inner.settings.endpoints, e)),
             Err(_) => Err(no_answer(
                 &backend.inner.settings.endpoints,
                 self.connect_timeout,
             )),
         }
+    }
+}
+
+/// `error`, naming `endpoints` when it says the cluster is unavailable without saying where.
+fn at(endpoints: &[String], error: Error) -> Error {
+    match error {
+        Error::Unavailable { backend, reason }
+            if !endpoints.iter().any(|e| reason.contains(e.as_str())) =>
+        {
+            Error::Unavailable {
+                backend,
+                reason: format!("{}: {reason}", endpoints.join(",")),
+            }
+        }
+        other => other,
     }
 }
 
@@ -345,6 +360,24 @@ fn parse_endpoint(raw: &str, tls: bool) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_named_in_the_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("address"));
+        drop(listener);
+        let error = EtcdBackend::builder([endpoint.clone()])
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("nothing listens there");
+        match error {
+            Error::Unavailable { reason, .. } => {
+                assert!(reason.contains(&endpoint), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn endpoints_are_normalised() {

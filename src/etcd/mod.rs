@@ -407,6 +407,7 @@ impl Backend for EtcdBackend {
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
             renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            max_lock_delay: None,
         }
     }
 

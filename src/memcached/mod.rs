@@ -335,6 +335,7 @@ impl Backend for MemcachedBackend {
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Poll(self.inner.poll_interval),
             renew_divisor: 3,
+            max_lock_delay: None,
         }
     }
 

@@ -575,6 +575,7 @@ impl Backend for RedisBackend {
             max_ttl: MAX_TTL,
             wakeup: self.inner.wakeup,
             renew_divisor: 3,
+            max_lock_delay: None,
         }
     }
 

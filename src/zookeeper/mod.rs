@@ -425,6 +425,7 @@ impl Backend for ZookeeperBackend {
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
             renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            max_lock_delay: None,
         }
     }
 

@@ -230,6 +230,7 @@ impl Backend for SimBackend {
             max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Push,
             renew_divisor: 3,
+            max_lock_delay: Some(Duration::MAX),
         }
     }
 

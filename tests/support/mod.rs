@@ -21,6 +21,7 @@ pub mod net;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 pub mod zookeeper;
 
 // Not every test file uses every type.

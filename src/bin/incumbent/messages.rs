@@ -10,11 +10,39 @@ const FLAGS: &[(&str, &str)] = &[
     ("grace", "--grace"),
     ("candidate", "--id"),
     ("metadata", "--meta"),
+    ("client_identity", "--cert-file and --key-file"),
+    ("ca_certificate", "--ca-file"),
+];
+
+/// The library's names for TLS settings, as this program's flags and variables say them.
+const PHRASES: &[(&str, &str)] = &[
+    (
+        "the CA certificate signed the servers'",
+        "the CA certificate (--ca-file or ETCDCTL_CACERT) signed the servers'",
+    ),
+    (
+        " (or set .tls_domain_name())",
+        " (write the URL with a host name the certificates carry)",
+    ),
+    ("check ca_pem (", "check --ca-file or CONSUL_CACERT ("),
+    (
+        "and client_identity_pem (",
+        "and --cert-file and --key-file or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY (",
+    ),
 ];
 
 /// `message` with flags for builder methods, and without repeated parts of its chain.
 pub fn tidy(message: &str) -> String {
-    dedupe_chain(&with_flags(message))
+    let mut text = message.to_owned();
+    for (library, cli) in PHRASES {
+        text = text.replace(library, cli);
+    }
+    let text = with_flags(&text);
+    // The chain ends where the hints begin: "a: b: c; do this".
+    match text.split_once("; ") {
+        Some((chain, hints)) => format!("{}; {hints}", dedupe_chain(chain)),
+        None => dedupe_chain(&text),
+    }
 }
 
 /// The method names of the builder calls (`.name()`) in `text`.
@@ -117,6 +145,29 @@ mod tests {
     }
 
     #[test]
+    fn tls_settings_are_named_by_their_flags() {
+        let etcd = tidy(
+            "invalid etcd configuration: TLS handshake failed: invalid peer certificate: \
+             UnknownIssuer; check that the CA certificate signed the servers' certificates, \
+             that their names match the endpoints (or set .tls_domain_name()), and, if etcd \
+             requires client certificates, that .client_identity() gives one its CA signed",
+        );
+        assert!(etcd.contains("--ca-file or ETCDCTL_CACERT"), "{etcd}");
+        assert!(etcd.contains("--cert-file and --key-file gives"), "{etcd}");
+        assert!(!etcd.contains(".tls_domain_name()"), "{etcd}");
+        let consul = tidy(
+            "TLS with the Consul agent at https://127.0.0.1:1 failed during kv get: x; check \
+             ca_pem (the CA that signed the agent's certificate), the address's host name and \
+             client_identity_pem (required when the agent sets verify_incoming)",
+        );
+        assert!(
+            consul.contains("check --ca-file or CONSUL_CACERT ("),
+            "{consul}"
+        );
+        assert!(consul.contains("CONSUL_CLIENT_KEY (required"), "{consul}");
+    }
+
+    #[test]
     fn repeated_chains_are_said_once() {
         assert_eq!(
             tidy(
@@ -125,6 +176,12 @@ mod tests {
             "etcd is unavailable: transport error: tcp connect error: Connection refused (os error 111)"
         );
         assert_eq!(tidy("a: b: a: b"), "a: b");
+        assert_eq!(
+            tidy(
+                "TLS handshake failed: UnknownIssuer: invalid peer certificate: UnknownIssuer; check it"
+            ),
+            "TLS handshake failed: invalid peer certificate: UnknownIssuer; check it"
+        );
         assert_eq!(tidy("plain"), "plain");
     }
 }
