@@ -427,7 +427,6 @@ async fn another_session_taking_the_lock_demotes_with_lock_taken() {
             ttl: Some(Duration::from_secs(60)),
             lock_delay: Some(Duration::ZERO),
             node_checks: Some(Vec::new()),
-            ..SessionCreate::default()
         })
         .await
         .expect("operator session");

@@ -12,8 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use incumbent::consul::client::{
-    ConsulClient, ConsulConfig, ConsulError, PutOptions, QueryOptions, SessionBehavior,
-    SessionCreate,
+    ConsulClient, ConsulConfig, ConsulError, PutOptions, QueryOptions, SessionCreate,
 };
 use support::net::{free_addr, free_port};
 use support::{ConsulDev, ServerProcess};
@@ -29,7 +28,6 @@ fn ttl_session(name: &str, lock_delay: Option<Duration>) -> SessionCreate {
         ttl: Some(Duration::from_secs(10)),
         lock_delay,
         node_checks: Some(Vec::new()),
-        ..SessionCreate::default()
     }
 }
 
@@ -84,9 +82,7 @@ async fn session_create_info_renew_destroy() {
             name: "lifecycle".into(),
             ttl: Some(Duration::from_secs(15)),
             lock_delay: Some(Duration::ZERO),
-            behavior: SessionBehavior::Delete,
             node_checks: Some(Vec::new()),
-            service_checks: None,
         })
         .await
         .expect("session create");
@@ -105,7 +101,6 @@ async fn session_create_info_renew_destroy() {
         Duration::ZERO,
         "explicit lock delay 0 is honoured"
     );
-    assert_eq!(info.behavior, SessionBehavior::Delete);
     assert!(info.node_checks.is_empty(), "{:?}", info.node_checks);
     assert!(!info.node.is_empty());
 
@@ -150,7 +145,6 @@ async fn session_defaults_and_lock_delay_formats() {
         "Consul's default lock delay"
     );
     assert_eq!(info.ttl, None);
-    assert_eq!(info.behavior, SessionBehavior::Release);
     assert_eq!(info.node_checks, vec!["serfHealth".to_owned()]);
 
     // A sub-second lock delay and a TTL in minutes survive the round trip.
@@ -527,15 +521,12 @@ async fn check_and_set_and_delete() {
 }
 
 #[tokio::test]
-async fn values_flags_and_odd_keys_round_trip() {
+async fn values_and_odd_keys_round_trip() {
     let consul = ConsulDev::start().await;
     let client = client(&consul);
 
     let bytes: Vec<u8> = (0..=255).collect();
-    let put = PutOptions {
-        flags: Some(u64::MAX),
-        ..PutOptions::default()
-    };
+    let put = PutOptions::default();
     let key = "odd keys/with space?and%percent#hash+plus";
     assert!(client.kv_put(key, &bytes, &put).await.unwrap());
     let entry = client
@@ -546,7 +537,6 @@ async fn values_flags_and_odd_keys_round_trip() {
         .unwrap();
     assert_eq!(entry.key, key);
     assert_eq!(entry.value, bytes);
-    assert_eq!(entry.flags, u64::MAX);
 
     // An empty value comes back as JSON null and decodes to no bytes.
     assert!(

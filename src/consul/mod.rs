@@ -461,7 +461,6 @@ mod tests {
         let entry = |value: &[u8]| KvEntry {
             key: "incumbent/e".into(),
             value: value.to_vec(),
-            flags: 0,
             session: Some("s".into()),
             create_index: 3,
             modify_index: 42,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::client::{SessionBehavior, SessionCreate};
+use super::client::SessionCreate;
 use super::contender::ConsulContender;
 use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error};
 use crate::Result;
@@ -129,10 +129,8 @@ async fn create(backend: &ConsulBackend, options: &SessionOptions) -> Result<Sha
         name: options.name.clone(),
         ttl: Some(options.ttl),
         lock_delay,
-        behavior: SessionBehavior::Release,
         // Only the ttl decides: no `serfHealth`, which a starting agent may not have yet.
         node_checks: Some(Vec::new()),
-        service_checks: None,
     };
     let sent = Instant::now();
     let id = backend
