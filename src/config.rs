@@ -261,22 +261,35 @@ fn validate_candidate(id: &str, metadata: &BTreeMap<String, String>) -> Result<(
 
 /// `host-pid-xxxx`: unique enough among the candidates of one election, and readable.
 fn default_candidate_id() -> String {
-    let host = std::env::var("HOSTNAME")
+    format!(
+        "{}-{}-{:04x}",
+        hostname(),
+        std::process::id(),
+        fastrand::u16(..)
+    )
+}
+
+/// This host's name, as the default candidate id and the `incumbent` CLI give it: the
+/// kernel's host name (what `gethostname` returns), else `$HOSTNAME`, else `localhost`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
+        .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-        })
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}-{}-{:04x}", std::process::id(), fastrand::u16(..))
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_name_is_the_kernels() {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("Linux");
+        assert_eq!(hostname(), kernel.trim());
+        assert!(default_candidate_id().starts_with(&format!("{}-", kernel.trim())));
+    }
 
     #[test]
     fn names_that_every_store_can_hold_are_accepted() {

@@ -773,14 +773,8 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// This host's name, as `incumbent resign` compares it.
+/// This host's name, as `incumbent resign` compares it: the library's, so that the
+/// `host` metadata and the check agree.
 pub fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname writes at most that much.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..len]) {
-        Ok(name) if ok && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
+    incumbent::config::hostname()
 }
