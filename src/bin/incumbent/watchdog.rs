@@ -10,9 +10,23 @@
 //! term's `stop_by`. A watchdog that fires has nothing to lose: by then the campaign would
 //! have fenced itself had it been able to run.
 //!
-//! What no thread of ours can cover: this whole process frozen (SIGSTOP, a paused VM). Then
+//! What no thread of ours can cover: this process dying (a crash, `kill -9`). For that there
+//! is the *guardian*: a small process forked once at start, before any command runs, that
+//! holds the read end of a pipe whose only write end is ours, and is told the command's
+//! process group at each spawn (and 0 when the command is reaped). When this process dies,
+//! however it dies, the kernel closes the write end; the guardian reads end-of-file and
+//! SIGKILLs the group it was last told, then exits. This replaces the parent-death signal
+//! (`PR_SET_PDEATHSIG`), which needs a hook between `fork` and `exec` and so rules out
+//! `posix_spawn`, and covers more: the whole group, not only the command, on every Unix.
+//! What it does not cover: this process dying in the microseconds between a spawn's return
+//! and the guardian being told; and a guardian killed on purpose (it ignores the terminal's
+//! signals, and a write to a dead guardian is logged).
+//!
+//! What no process of ours can cover: this whole process frozen (SIGSTOP, a paused VM). Then
 //! the command may outlive the lock, and fencing tokens are the defence.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
@@ -49,10 +63,124 @@ fn shared() -> Option<&'static Arc<Shared>> {
         .as_ref()
 }
 
-/// Starts the watchdog's thread now, so that arming it later allocates nothing new.
-/// Returns whether it runs.
+/// Starts the watchdog's thread and the guardian process now, before any command runs, so
+/// that arming them later allocates nothing new. Returns whether both run.
 pub fn start() -> bool {
-    shared().is_some()
+    shared().is_some() && guardian().is_some()
+}
+
+/// The write end of the guardian's pipe, once it runs.
+fn guardian() -> Option<&'static OwnedFd> {
+    static GUARDIAN: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    GUARDIAN.get_or_init(start_guardian).as_ref()
+}
+
+/// The group the guardian was last told about (0: none).
+static GUARDED: AtomicI32 = AtomicI32::new(0);
+
+/// Has the guardian kill process group `group` if this process dies. One group at a time.
+pub fn guard(group: libc::pid_t) {
+    if group > 1 {
+        GUARDED.store(group, Ordering::SeqCst);
+        tell_guardian(group);
+    }
+}
+
+/// Tells the guardian to forget `group` (if it is the one guarded).
+fn unguard(group: libc::pid_t) {
+    if GUARDED
+        .compare_exchange(group, 0, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        tell_guardian(0);
+    }
+}
+
+/// One 4-byte message (a write of less than `PIPE_BUF` bytes to a pipe is atomic). The pipe
+/// is non-blocking: a guardian that does not read costs a lost message, never a wait.
+fn tell_guardian(group: libc::pid_t) {
+    let Some(fd) = guardian() else {
+        return;
+    };
+    let bytes = group.to_ne_bytes();
+    // SAFETY: the buffer is valid for its length; the fd is ours and open.
+    let written = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    if written != 4 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot reach the guardian process: if this process dies, the command may outlive it"
+        );
+    }
+}
+
+/// Forks the guardian (see the module docs). `None` if the pipe or the fork failed.
+fn start_guardian() -> Option<OwnedFd> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    let [read, write] = fds;
+    // SAFETY: the child runs only `guardian_main`, which makes async-signal-safe system calls
+    // and never returns, allocates, or touches a lock (this process has other threads).
+    match unsafe { libc::fork() } {
+        0 => unsafe { guardian_main(read, write) },
+        -1 => {
+            // SAFETY: both descriptors are ours and closed once.
+            unsafe {
+                libc::close(read);
+                libc::close(write);
+            }
+            None
+        }
+        _ => {
+            // SAFETY: `read` is ours and closed once; `write` is ours, owned from here on.
+            unsafe {
+                libc::close(read);
+                libc::fcntl(write, libc::F_SETFL, libc::O_NONBLOCK);
+                Some(OwnedFd::from_raw_fd(write))
+            }
+        }
+    }
+}
+
+/// The guardian: waits for this process's end (end-of-file on the pipe), then SIGKILLs the
+/// group it was last told about.
+///
+/// # Safety
+/// Only in the child of a `fork`, with `read` and `write` the ends of the guardian's pipe.
+unsafe fn guardian_main(read: libc::c_int, write: libc::c_int) -> ! {
+    // SAFETY: async-signal-safe system calls on descriptors and signals of this process.
+    unsafe {
+        libc::close(write);
+        // The terminal's signals reach the whole foreground group, this process included:
+        // the guardian outlives them, and ends only with the supervisor.
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        let mut group: libc::pid_t = 0;
+        let mut bytes = [0u8; 4];
+        loop {
+            let n = libc::read(read, bytes.as_mut_ptr().cast(), bytes.len());
+            if n == 4 {
+                group = libc::pid_t::from_ne_bytes(bytes);
+            } else if !(n == -1 && *libc::__errno_location() == libc::EINTR) {
+                break; // end-of-file: the supervisor is gone
+            }
+        }
+        if group > 1 {
+            libc::kill(-group, libc::SIGKILL);
+        }
+        libc::_exit(0)
+    }
 }
 
 /// Kills process group `group` at `at` unless disarmed (or re-armed) before. Re-arming
@@ -67,8 +195,14 @@ pub fn arm(group: libc::pid_t, at: Instant) {
     }
 }
 
-/// Stops watching `group` (if it is the one watched). Call it as soon as the group's leader
-/// has been reaped, before its id can be reused.
+/// Forgets `group` altogether: the watchdog is disarmed and the guardian no longer guards it.
+/// Call it as soon as the group's leader has been reaped, before its id can be reused.
+pub fn forget(group: libc::pid_t) {
+    unguard(group);
+    disarm(group);
+}
+
+/// Stops watching `group` (if it is the one watched); the guardian still guards it.
 pub fn disarm(group: libc::pid_t) {
     if let Some(shared) = shared() {
         let mut armed = shared.lock();
