@@ -4,7 +4,12 @@
 //! ```text
 //! cargo bench --bench handoff_process --all-features            # file and etcd
 //! cargo bench --bench handoff_process --all-features -- file    # only these sections
+//! INCUMBENT_BASELINE_BIN=/path/to/old/incumbent cargo bench --bench handoff_process --all-features -- etcd
 //! ```
+//!
+//! With `INCUMBENT_BASELINE_BIN`, each section also runs that build of `incumbent` (another
+//! version), its rounds interleaved with this build's, and prints both medians of the first
+//! line and their ratio: measured in one run, on one machine, under the same load.
 //!
 //! Each round starts two `incumbent --log-format json run` processes (a leads, b follows),
 //! both running `sh -c 'echo up; exec sleep 600'`, then sends SIGTERM to a. Two kinds of
@@ -73,8 +78,8 @@ fn follow(
     });
 }
 
-fn start(backend: &str, election: &str, who: &'static str, tx: &Sender<Seen>) -> Proc {
-    let mut child = Command::new(BIN)
+fn start(bin: &str, backend: &str, election: &str, who: &'static str, tx: &Sender<Seen>) -> Proc {
+    let mut child = Command::new(bin)
         .args(["--log-format", "json", "run", "--election", election])
         .args([
             "--backend",
@@ -143,12 +148,12 @@ struct Round {
     first_line: f64,
 }
 
-fn round(backend: &str, n: usize) -> Option<Round> {
+fn round(bin: &str, backend: &str, n: usize) -> Option<Round> {
     let election = format!("bench/process-{n}-{}", std::process::id());
     let (tx, rx) = channel();
-    let a = start(backend, &election, "a", &tx);
+    let a = start(bin, backend, &election, "a", &tx);
     wait_for(&rx, "a", "stdout", None)?;
-    let b = start(backend, &election, "b", &tx);
+    let b = start(bin, backend, &election, "b", &tx);
     wait_for(&rx, "b", "stderr", Some("leader"))?;
     thread::sleep(Duration::from_millis(200));
     while rx.try_recv().is_ok() {}
@@ -174,9 +179,11 @@ fn round(backend: &str, n: usize) -> Option<Round> {
             ("a", "stderr", Some("command_stopped")) => &mut r.command_stopped,
             ("a", "stderr", Some("stopped")) => &mut r.released,
             ("b", "stderr", Some("command_started")) => {
-                r.term_started = field(&seen, "term_started_unix_us")? - sigterm_unix_us;
-                r.spawn_began = r.term_started + field(&seen, "spawn_after_term_start_us")?;
-                r.spawned = r.spawn_began + field(&seen, "spawn_us")?;
+                // NaN from a build without these fields (a baseline).
+                let us = |name| field(&seen, name).unwrap_or(f64::NAN);
+                r.term_started = us("term_started_unix_us") - sigterm_unix_us;
+                r.spawn_began = r.term_started + us("spawn_after_term_start_us");
+                r.spawned = r.spawn_began + us("spawn_us");
                 got += 1;
                 continue;
             }
@@ -199,7 +206,17 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 fn section(name: &str, backend: &str) {
-    let rounds: Vec<Round> = (0..ROUNDS).filter_map(|n| round(backend, n)).collect();
+    let baseline_bin = std::env::var("INCUMBENT_BASELINE_BIN").ok();
+    let mut rounds = Vec::new();
+    let mut baseline = Vec::new();
+    for n in 0..ROUNDS {
+        if let Some(bin) = &baseline_bin
+            && let Some(r) = round(bin, backend, ROUNDS + n)
+        {
+            baseline.push(r.first_line);
+        }
+        rounds.extend(round(BIN, backend, n));
+    }
     let med = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect()) / 1000.0;
     println!(
         "{name}: {} rounds; medians, ms after SIGTERM of the leader's supervisor:",
@@ -250,6 +267,15 @@ fn section(name: &str, backend: &str) {
         "    program executed -> its first line          {:7.2}",
         med(|r| r.first_line - r.spawned)
     );
+    if let Some(bin) = baseline_bin {
+        let this = med(|r| r.first_line);
+        let before = median(baseline.clone()) / 1000.0;
+        println!(
+            "  baseline {bin}: {} rounds, interleaved; first line {before:7.2} ms; this build {this:7.2} ms; ratio baseline/this {:.2}",
+            baseline.len(),
+            before / this
+        );
+    }
 }
 
 fn main() {

@@ -12,20 +12,21 @@
 //!
 //! What no thread of ours can cover: this process dying (a crash, `kill -9`). For that there
 //! is the *guardian*: a small process forked once at start, before any command runs, that
-//! holds the read end of a pipe whose only write end is ours, and is told the command's
-//! process group at each spawn (and 0 when the command is reaped). When this process dies,
-//! however it dies, the kernel closes the write end; the guardian reads end-of-file and
-//! SIGKILLs the group it was last told, then exits. This replaces the parent-death signal
+//! holds the read end of a pipe whose only write end is ours, and shares one page of memory
+//! with us where we store the command's process group at each spawn (and 0 when the command
+//! is reaped): a store, no system call, no wake-up. When this process dies, however it dies,
+//! the kernel closes the write end; the guardian reads end-of-file and SIGKILLs the group last
+//! stored, then exits. This replaces the parent-death signal
 //! (`PR_SET_PDEATHSIG`), which needs a hook between `fork` and `exec` and so rules out
 //! `posix_spawn`, and covers more: the whole group, not only the command, on every Unix.
 //! What it does not cover: this process dying in the microseconds between a spawn's return
-//! and the guardian being told; and a guardian killed on purpose (it ignores the terminal's
-//! signals, and a write to a dead guardian is logged).
+//! and the group being stored; and a guardian killed on purpose (it ignores the terminal's
+//! signals).
 //!
 //! What no process of ours can cover: this whole process frozen (SIGSTOP, a paused VM). Then
 //! the command may outlive the lock, and fencing tokens are the defence.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
@@ -69,52 +70,60 @@ pub fn start() -> bool {
     shared().is_some() && guardian().is_some()
 }
 
-/// The write end of the guardian's pipe, once it runs.
-fn guardian() -> Option<&'static OwnedFd> {
-    static GUARDIAN: OnceLock<Option<OwnedFd>> = OnceLock::new();
+/// What this process shares with the guardian.
+struct Guardian {
+    /// The group the guardian kills when this process dies (0: none), in a page of memory
+    /// shared with it: telling it is a store, with no system call and no wake-up.
+    group: &'static AtomicI32,
+    /// The write end of the pipe whose end-of-file tells the guardian this process is gone.
+    /// Nothing is ever written to it.
+    _alive: OwnedFd,
+}
+
+/// The guardian, once it runs.
+fn guardian() -> Option<&'static Guardian> {
+    static GUARDIAN: OnceLock<Option<Guardian>> = OnceLock::new();
     GUARDIAN.get_or_init(start_guardian).as_ref()
 }
 
-/// The group the guardian was last told about (0: none).
-static GUARDED: AtomicI32 = AtomicI32::new(0);
-
 /// Has the guardian kill process group `group` if this process dies. One group at a time.
 pub fn guard(group: libc::pid_t) {
-    if group > 1 {
-        GUARDED.store(group, Ordering::SeqCst);
-        tell_guardian(group);
-    }
-}
-
-/// Tells the guardian to forget `group` (if it is the one guarded).
-fn unguard(group: libc::pid_t) {
-    if GUARDED
-        .compare_exchange(group, 0, Ordering::SeqCst, Ordering::SeqCst)
-        .is_ok()
+    if group > 1
+        && let Some(guardian) = guardian()
     {
-        tell_guardian(0);
+        guardian.group.store(group, Ordering::SeqCst);
     }
 }
 
-/// One 4-byte message (a write of less than `PIPE_BUF` bytes to a pipe is atomic). The pipe
-/// is non-blocking: a guardian that does not read costs a lost message, never a wait.
-fn tell_guardian(group: libc::pid_t) {
-    let Some(fd) = guardian() else {
-        return;
+/// The guardian forgets `group` (if it is the one guarded).
+fn unguard(group: libc::pid_t) {
+    if let Some(guardian) = guardian() {
+        let _ = guardian
+            .group
+            .compare_exchange(group, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Forks the guardian (see the module docs). `None` if the shared page, the pipe or the fork
+/// could not be had.
+fn start_guardian() -> Option<Guardian> {
+    // SAFETY: a fresh anonymous mapping, never unmapped: the reference lives as long as the
+    // process. An AtomicI32 needs 4 bytes, aligned to 4; a page is both.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     };
-    let bytes = group.to_ne_bytes();
-    // SAFETY: the buffer is valid for its length; the fd is ours and open.
-    let written = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
-    if written != 4 {
-        tracing::warn!(
-            error = %std::io::Error::last_os_error(),
-            "cannot reach the guardian process: if this process dies, the command may outlive it"
-        );
+    if page == libc::MAP_FAILED {
+        return None;
     }
-}
-
-/// Forks the guardian (see the module docs). `None` if the pipe or the fork failed.
-fn start_guardian() -> Option<OwnedFd> {
+    // SAFETY: see above; the page is zeroed, a valid AtomicI32 of 0.
+    let group: &'static AtomicI32 = unsafe { &*page.cast::<AtomicI32>() };
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` has room for the two descriptors pipe2 writes.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -124,7 +133,7 @@ fn start_guardian() -> Option<OwnedFd> {
     // SAFETY: the child runs only `guardian_main`, which makes async-signal-safe system calls
     // and never returns, allocates, or touches a lock (this process has other threads).
     match unsafe { libc::fork() } {
-        0 => unsafe { guardian_main(read, write) },
+        0 => unsafe { guardian_main(read, write, group) },
         -1 => {
             // SAFETY: both descriptors are ours and closed once.
             unsafe {
@@ -137,19 +146,21 @@ fn start_guardian() -> Option<OwnedFd> {
             // SAFETY: `read` is ours and closed once; `write` is ours, owned from here on.
             unsafe {
                 libc::close(read);
-                libc::fcntl(write, libc::F_SETFL, libc::O_NONBLOCK);
-                Some(OwnedFd::from_raw_fd(write))
+                Some(Guardian {
+                    group,
+                    _alive: OwnedFd::from_raw_fd(write),
+                })
             }
         }
     }
 }
 
 /// The guardian: waits for this process's end (end-of-file on the pipe), then SIGKILLs the
-/// group it was last told about.
+/// group last stored in the shared page.
 ///
 /// # Safety
 /// Only in the child of a `fork`, with `read` and `write` the ends of the guardian's pipe.
-unsafe fn guardian_main(read: libc::c_int, write: libc::c_int) -> ! {
+unsafe fn guardian_main(read: libc::c_int, write: libc::c_int, group: &AtomicI32) -> ! {
     // SAFETY: async-signal-safe system calls on descriptors and signals of this process.
     unsafe {
         libc::close(write);
@@ -166,16 +177,12 @@ unsafe fn guardian_main(read: libc::c_int, write: libc::c_int) -> ! {
         ] {
             libc::signal(signal, libc::SIG_IGN);
         }
-        let mut group: libc::pid_t = 0;
-        let mut bytes = [0u8; 4];
-        loop {
-            let n = libc::read(read, bytes.as_mut_ptr().cast(), bytes.len());
-            if n == 4 {
-                group = libc::pid_t::from_ne_bytes(bytes);
-            } else if !(n == -1 && *libc::__errno_location() == libc::EINTR) {
-                break; // end-of-file: the supervisor is gone
-            }
-        }
+        let mut byte = 0u8;
+        // Nothing is ever written: read returns at end-of-file, when the supervisor is gone.
+        while libc::read(read, (&raw mut byte).cast(), 1) == -1
+            && *libc::__errno_location() == libc::EINTR
+        {}
+        let group = group.load(Ordering::SeqCst);
         if group > 1 {
             libc::kill(-group, libc::SIGKILL);
         }
