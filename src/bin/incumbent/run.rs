@@ -119,7 +119,7 @@ impl WithBackend for Run {
         } else {
             process::credentials_in_env()
         };
-        Supervisor {
+        let supervisor = Supervisor {
             removed,
             fail_after: self.patience.fail_after,
             out: self.out.for_election(&self.election),
@@ -127,9 +127,15 @@ impl WithBackend for Run {
             ttl: election.config().ttl,
             settings: self,
             signals,
+        };
+        // A task of its own rather than the runtime's main future: on the one-thread runtime,
+        // a task the campaign wakes at its win runs next, while the main future waits until
+        // every task queued meanwhile (the store client's) has run.
+        match tokio::spawn(async move { supervisor.run(&election).await }).await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Failure::Runtime(format!("the supervisor stopped: {e}"))),
         }
-        .run(&election)
-        .await
     }
 }
 
