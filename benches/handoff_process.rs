@@ -5,6 +5,7 @@
 //! cargo bench --bench handoff_process --all-features            # file and etcd
 //! cargo bench --bench handoff_process --all-features -- file    # only these sections
 //! INCUMBENT_BASELINE_BIN=/path/to/old/incumbent cargo bench --bench handoff_process --all-features -- etcd
+//! HANDOFF_ROUNDS=60 cargo bench --bench handoff_process --all-features   # rounds per section (15; at most 1000)
 //! ```
 //!
 //! With `INCUMBENT_BASELINE_BIN`, each section also runs that build of `incumbent` (another
@@ -37,6 +38,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
+/// Rounds per section, unless `HANDOFF_ROUNDS` says otherwise.
 const ROUNDS: usize = 15;
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -207,11 +209,16 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn section(name: &str, backend: &str) {
     let baseline_bin = std::env::var("INCUMBENT_BASELINE_BIN").ok();
+    let count = std::env::var("HANDOFF_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS)
+        .min(1000);
     let mut rounds = Vec::new();
     let mut baseline = Vec::new();
-    for n in 0..ROUNDS {
+    for n in 0..count {
         if let Some(bin) = &baseline_bin
-            && let Some(r) = round(bin, backend, ROUNDS + n)
+            && let Some(r) = round(bin, backend, count + n)
         {
             baseline.push(r.first_line);
         }
