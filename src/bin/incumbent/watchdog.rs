@@ -125,11 +125,17 @@ fn start_guardian() -> Option<Guardian> {
     // SAFETY: see above; the page is zeroed, a valid AtomicI32 of 0.
     let group: &'static AtomicI32 = unsafe { &*page.cast::<AtomicI32>() };
     let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
         return None;
     }
     let [read, write] = fds;
+    // Close-on-exec, so that no command holds the write end open (`pipe2` is Linux's; at
+    // start nothing else spawns meanwhile). SAFETY: both descriptors are ours.
+    unsafe {
+        libc::fcntl(read, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(write, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
     // SAFETY: the child runs only `guardian_main`, which makes async-signal-safe system calls
     // and never returns, allocates, or touches a lock (this process has other threads).
     match unsafe { libc::fork() } {
@@ -180,7 +186,7 @@ unsafe fn guardian_main(read: libc::c_int, write: libc::c_int, group: &AtomicI32
         let mut byte = 0u8;
         // Nothing is ever written: read returns at end-of-file, when the supervisor is gone.
         while libc::read(read, (&raw mut byte).cast(), 1) == -1
-            && *libc::__errno_location() == libc::EINTR
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
         {}
         let group = group.load(Ordering::SeqCst);
         if group > 1 {
