@@ -158,17 +158,18 @@ impl Backend for FileBackend {
         })
         .await?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         // The lock lives as long as the process: the session has nothing to renew.
-        let keepalive = KeepAlive::spawn(NAME, options, Instant::now(), || async {
+        let keepalive = KeepAlive::spawn(NAME, &id, options, Instant::now(), || async {
             Ok(Renewal::Alive)
         });
         Ok(FileSession {
             backend: self.clone(),
-            id: format!(
-                "{}-{}",
-                std::process::id(),
-                NEXT.fetch_add(1, Ordering::Relaxed)
-            ),
+            id,
             keepalive,
         })
     }

@@ -381,7 +381,7 @@ impl MemoryBackend {
             state.expire_due(Instant::now());
         }
         let client = self.clone();
-        let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+        let keepalive = KeepAlive::spawn(NAME, &id.to_string(), options, sent, move || {
             let client = client.clone();
             async move { client.renew(id).await }
         });

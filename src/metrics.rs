@@ -10,8 +10,8 @@
 //! | `incumbent_elections_won_total` | counter | `election` | terms won |
 //! | `incumbent_demotions_total` | counter | `election`, `reason` | terms lost, by [`DemotionReason::as_str`](crate::DemotionReason::as_str) |
 //! | `incumbent_campaign_attempts_total` | counter | `election`, `result` | acquisition attempts: `won`, `held`, `delayed`, `error` |
-//! | `incumbent_renewals_total` | counter | `backend`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
-//! | `incumbent_renew_latency_seconds` | histogram | `backend` | time for one session renewal round trip |
+//! | `incumbent_renewals_total` | counter | `backend`, `session`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
+//! | `incumbent_renew_latency_seconds` | histogram | `backend`, `session` | time for one session renewal round trip |
 //! | `incumbent_time_to_leader_seconds` | histogram | `election` | failover latency: how long the election was without a leader, as seen by the candidate that won |
 //!
 //! The per-election metrics carry a `candidate` label too when the election asks for it
@@ -25,8 +25,36 @@
 //! not count. A hand-off records about the time of one acquisition; a crash, the time from
 //! the store expiring the lease to the win; Consul's lock-delay, the delay.
 //!
-//! Renewals are per session, and one session serves many elections, so they are labelled by
-//! backend only.
+//! Renewals are per session, and one session serves every election of a process that asks for
+//! the same ttl, so they are labelled by the session rather than by election: `session` is the
+//! store's own id for it, the one its tools show, so a failing session can be looked up there:
+//!
+//! | backend | `session` |
+//! |---|---|
+//! | etcd | the lease id in hex, as `etcdctl lease list` prints it |
+//! | Consul | the session id (a UUID), as `/v1/session/list` shows it |
+//! | ZooKeeper | the session id in hex (`0x…`), as `zkCli` and the server's log show it |
+//! | Redis, memcached | a random id the session draws at its start (these stores have no sessions) |
+//! | file | the process id and a session number, `<pid>-<n>` |
+//! | memory | the in-process store's session number |
+//!
+//! The label's cardinality is bounded: one value per live session, so usually one per process
+//! and ttl. A session that is lost is replaced by a new one with a new id, and the old series
+//! stay in the recorder; `metrics-exporter-prometheus` drops them after a while with
+//! `PrometheusBuilder::idle_timeout(MetricKindMask::ALL, Some(...))`. Every result of a session
+//! is registered at its start, so `rate(incumbent_renewals_total{result="error"}[5m])` is 0,
+//! not absent, while renewals succeed.
+//!
+//! # Dashboard and alerts
+//!
+//! The repository's `examples/grafana/incumbent.json` is a Grafana dashboard of these metrics
+//! (leader per election, terms won, demotions by reason, failover latency, renewals by session),
+//! and `examples/prometheus/incumbent-alerts.yml` holds Prometheus alert rules (an election
+//! without a leader, two leaders reported at once, frequent demotions, renewals failing). Load
+//! the dashboard with Grafana's *Dashboards → New → Import* (it asks for the Prometheus data
+//! source); add the rules file to `rule_files:` in `prometheus.yml` and reload Prometheus. A
+//! test (`tests/dashboards.rs`) keeps both in step with the names here, and checks the rules
+//! with `promtool`.
 
 use std::time::Duration;
 
@@ -41,24 +69,60 @@ pub const ELECTIONS_WON: &str = "incumbent_elections_won_total";
 pub const DEMOTIONS: &str = "incumbent_demotions_total";
 /// Counter: acquisition attempts, labelled by `result`.
 pub const CAMPAIGN_ATTEMPTS: &str = "incumbent_campaign_attempts_total";
-/// Counter: session renewals, labelled by `backend` and `result`.
+/// Counter: session renewals, labelled by `backend`, `session` and `result`.
 pub const RENEWALS: &str = "incumbent_renewals_total";
-/// Histogram: seconds per session renewal.
+/// Histogram: seconds per session renewal, labelled by `backend` and `session`.
 pub const RENEW_LATENCY: &str = "incumbent_renew_latency_seconds";
 /// Histogram: seconds the election was without a leader, as seen by the candidate that won.
 pub const TIME_TO_LEADER: &str = "incumbent_time_to_leader_seconds";
 
-pub(crate) fn record_renewal(
-    backend: &'static str,
-    outcome: &std::result::Result<Result<Renewal>, tokio::time::error::Elapsed>,
-    latency: Duration,
-) {
-    let result = match outcome {
-        Ok(Ok(Renewal::Alive)) => "ok",
-        Ok(Ok(Renewal::Gone)) => "gone",
-        Ok(Err(_)) => "error",
-        Err(_) => "timeout",
-    };
-    metrics::counter!(RENEWALS, "backend" => backend, "result" => result).increment(1);
-    metrics::histogram!(RENEW_LATENCY, "backend" => backend).record(latency.as_secs_f64());
+/// Every metric name this crate records, for tools that check dashboards and alert rules.
+pub const ALL: [&str; 7] = [
+    IS_LEADER,
+    ELECTIONS_WON,
+    DEMOTIONS,
+    CAMPAIGN_ATTEMPTS,
+    RENEWALS,
+    RENEW_LATENCY,
+    TIME_TO_LEADER,
+];
+
+/// The renewal metrics of one session, registered once at its start.
+pub(crate) struct RenewalMetrics {
+    ok: metrics::Counter,
+    gone: metrics::Counter,
+    error: metrics::Counter,
+    timeout: metrics::Counter,
+    latency: metrics::Histogram,
+}
+
+impl RenewalMetrics {
+    /// Registers the renewal metrics of the session `session` of `backend`.
+    pub(crate) fn new(backend: &'static str, session: &str) -> RenewalMetrics {
+        let session = metrics::SharedString::from(session.to_owned());
+        let counter = |result: &'static str| metrics::counter!(RENEWALS, "backend" => backend, "session" => session.clone(), "result" => result);
+        RenewalMetrics {
+            ok: counter("ok"),
+            gone: counter("gone"),
+            error: counter("error"),
+            timeout: counter("timeout"),
+            latency: metrics::histogram!(RENEW_LATENCY, "backend" => backend, "session" => session.clone()),
+        }
+    }
+
+    /// Records one renewal's outcome and round trip.
+    pub(crate) fn record(
+        &self,
+        outcome: &std::result::Result<Result<Renewal>, tokio::time::error::Elapsed>,
+        latency: Duration,
+    ) {
+        let counter = match outcome {
+            Ok(Ok(Renewal::Alive)) => &self.ok,
+            Ok(Ok(Renewal::Gone)) => &self.gone,
+            Ok(Err(_)) => &self.error,
+            Err(_) => &self.timeout,
+        };
+        counter.increment(1);
+        self.latency.record(latency.as_secs_f64());
+    }
 }

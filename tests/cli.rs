@@ -282,6 +282,10 @@ fn a_killed_leaders_command_dies_with_it_and_the_follower_takes_over_with_a_larg
     let second = b.start(1);
     assert!(second.token > first.token, "{second:?} after {first:?}");
 
+    // The lines come after the spawn: nothing stands between a win and the command.
+    wait_until(Duration::from_secs(3), || {
+        b.log().contains(r#""event":"elected""#)
+    });
     let log = b.log();
     let elected: Vec<Value> = log
         .lines()

@@ -1,6 +1,10 @@
 //! Every metric named in `incumbent::metrics` is recorded, with its labels. A test binary of
 //! its own: it installs the process-wide recorder.
 
+#[cfg(feature = "etcd")]
+mod support;
+
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use incumbent::memory::MemoryBackend;
@@ -14,6 +18,22 @@ type Snapshot = Vec<(
     Option<metrics::SharedString>,
     DebugValue,
 )>;
+
+/// The process-wide recorder's snapshotter, installing the recorder on first use.
+fn recorder() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this test binary");
+        snapshotter
+    })
+}
+
+/// Held by each test for its whole run: a snapshot drains what the others recorded.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One snapshot (taking it drains counters and histograms, so take one per check-point).
 fn snapshot(snapshotter: &Snapshotter) -> Snapshot {
@@ -34,11 +54,8 @@ fn find<'a>(snapshot: &'a Snapshot, name: &str, labels: &[(&str, &str)]) -> Opti
 
 #[tokio::test(start_paused = true)]
 async fn a_term_records_every_metric() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = recorder();
 
     let store = MemoryBackend::new();
     let mut campaign = Election::builder(store.clone(), "metered")
@@ -51,7 +68,7 @@ async fn a_term_records_every_metric() {
     tokio::time::sleep(Duration::from_secs(3)).await; // a few renewals
 
     let who = [("election", "metered")];
-    let snap = snapshot(&snapshotter);
+    let snap = snapshot(snapshotter);
     assert_eq!(
         find(&snap, names::IS_LEADER, &who),
         Some(&DebugValue::Gauge(1.0.into()))
@@ -76,6 +93,7 @@ async fn a_term_records_every_metric() {
         Some(DebugValue::Counter(n)) => assert!(*n >= 2, "{n} renewals"),
         other => panic!("renewals: {other:?}"),
     }
+    assert!(!renewal_session(&snap, "memory").is_empty());
     assert!(matches!(
         find(&snap, names::RENEW_LATENCY, &[("backend", "memory")]),
         Some(DebugValue::Histogram(h)) if !h.is_empty()
@@ -86,7 +104,7 @@ async fn a_term_records_every_metric() {
     ));
 
     campaign.resign().await.expect("resign");
-    let snap = snapshot(&snapshotter);
+    let snap = snapshot(snapshotter);
     assert_eq!(
         find(&snap, names::IS_LEADER, &who),
         Some(&DebugValue::Gauge(0.0.into()))
@@ -117,7 +135,7 @@ async fn a_term_records_every_metric() {
         .campaign();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let b = [("election", "metered"), ("candidate", "b")];
-    let snap = snapshot(&snapshotter);
+    let snap = snapshot(snapshotter);
     assert_eq!(
         find(&snap, names::IS_LEADER, &b),
         Some(&DebugValue::Gauge(0.0.into())),
@@ -129,7 +147,7 @@ async fn a_term_records_every_metric() {
     tokio::time::sleep(Duration::from_secs(10)).await;
     campaign.shutdown().await.expect("shutdown");
     while !matches!(follower.recv().await, Some(LeadershipEvent::Elected(_))) {}
-    let snap = snapshot(&snapshotter);
+    let snap = snapshot(snapshotter);
     match find(&snap, names::TIME_TO_LEADER, &b) {
         Some(DebugValue::Histogram(h)) => {
             assert_eq!(h.len(), 1);
@@ -141,4 +159,91 @@ async fn a_term_records_every_metric() {
         }
         other => panic!("time to leader: {other:?}"),
     }
+}
+
+/// The `session` label of a snapshot's renewal series for `backend`, checking they all carry
+/// the same one.
+fn renewal_session(snap: &Snapshot, backend: &str) -> String {
+    let sessions: std::collections::BTreeSet<String> = snap
+        .iter()
+        .filter(|(key, ..)| {
+            [names::RENEWALS, names::RENEW_LATENCY].contains(&key.key().name())
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "backend" && l.value() == backend)
+        })
+        .map(|(key, ..)| {
+            key.key()
+                .labels()
+                .find(|l| l.key() == "session")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_else(|| panic!("a renewal series without a session: {key:?}"))
+        })
+        .collect();
+    assert_eq!(
+        sessions.len(),
+        1,
+        "one session, one label value: {sessions:?}"
+    );
+    sessions.into_iter().next().expect("one")
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn renewals_carry_the_session_the_store_knows() {
+    use incumbent::etcd::EtcdBackend;
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = recorder();
+    let etcd = support::EtcdServer::single().await;
+    let backend = EtcdBackend::connect(etcd.endpoints())
+        .await
+        .expect("connect");
+    let mut campaign = Election::builder(backend.clone(), "metered-etcd")
+        .candidate("a")
+        .ttl(Duration::from_secs(3))
+        .build()
+        .expect("valid")
+        .campaign();
+    support::events::elected(&mut campaign, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await; // two renewals, at a third of the ttl
+
+    let snap = snapshot(snapshotter);
+    let session = renewal_session(&snap, "etcd");
+    match find(
+        &snap,
+        names::RENEWALS,
+        &[("backend", "etcd"), ("session", &session), ("result", "ok")],
+    ) {
+        Some(DebugValue::Counter(n)) => assert!(*n >= 1, "{n} renewals"),
+        other => panic!("renewals: {other:?}"),
+    }
+    assert_eq!(
+        find(
+            &snap,
+            names::RENEWALS,
+            &[
+                ("backend", "etcd"),
+                ("session", &session),
+                ("result", "error")
+            ]
+        ),
+        Some(&DebugValue::Counter(0)),
+        "the failure series exist at 0, so a rate of failures is 0 rather than absent"
+    );
+
+    // The label is the lease that holds the leader's key, as etcdctl prints it.
+    let mut client = etcd_client::Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("an operator's client");
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let keys = client
+        .get(backend.election_range("metered-etcd"), Some(options))
+        .await
+        .expect("read the election")
+        .take_kvs();
+    assert_eq!(keys.len(), 1, "one candidate");
+    assert_eq!(session, format!("{:x}", keys[0].lease()));
+    campaign.shutdown().await.expect("shutdown");
 }

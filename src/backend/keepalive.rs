@@ -101,10 +101,12 @@ impl KeepAlive {
     ///
     /// `renew` is called every `options.renew_interval`, and more often while renewals go
     /// unanswered or fail (see the [module docs](self)); several calls may be in flight at
-    /// once. A call runs until it answers or the session has surely expired. `backend` labels
-    /// the metrics.
+    /// once. A call runs until it answers or the session has surely expired. `backend` and
+    /// `session` (the store's id for the session, as its own tools show it) label the renewal
+    /// metrics and logs, so a failing session can be found in the store.
     pub fn spawn<F, Fut>(
         backend: &'static str,
+        session: &str,
         options: &SessionOptions,
         created_sent_at: Instant,
         mut renew: F,
@@ -123,6 +125,8 @@ impl KeepAlive {
         let ttl = options.ttl;
         let retry = retry_period(interval);
         let stopped = stop.clone();
+        let metrics = metrics::RenewalMetrics::new(backend, session);
+        let session = session.to_owned();
         tokio::spawn(async move {
             let mut attempts: Vec<Attempt<Fut>> = Vec::new();
             let mut confirmed = created_sent_at;
@@ -139,7 +143,7 @@ impl KeepAlive {
                     biased;
                     () = stopped.cancelled() => break SessionLoss::Closed,
                     (sent, outcome) = poll_fn(|cx| poll_attempts(&mut attempts, cx)) => {
-                        metrics::record_renewal(backend, &outcome, sent.elapsed());
+                        metrics.record(&outcome, sent.elapsed());
                         let failure = match outcome {
                             Ok(Ok(Renewal::Alive)) => {
                                 if sent > confirmed {
@@ -163,7 +167,7 @@ impl KeepAlive {
                             )),
                         };
                         if let Some(error) = failure {
-                            tracing::debug!(backend, %error, "session renewal failed");
+                            tracing::debug!(backend, session = %session, %error, "session renewal failed");
                             tx.send_modify(|h| h.last_error = Some(error));
                             if sent == newest {
                                 newest_pending = false;
@@ -179,7 +183,7 @@ impl KeepAlive {
                                 "renewal sent {:?} ago not answered yet; sending another",
                                 sent - newest
                             );
-                            tracing::debug!(backend, %error, "session renewal slow");
+                            tracing::debug!(backend, session = %session, %error, "session renewal slow");
                             tx.send_modify(|h| h.last_error = Some(error));
                         }
                         attempts.push(Attempt {

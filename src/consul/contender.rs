@@ -19,6 +19,10 @@ static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
 ///
 /// - [`acquire`](Contender::acquire) writes our [`Leader`] to the key with `?acquire=`. On
 ///   success it reads the key back (consistently): its `ModifyIndex` is the fencing token.
+///   The value written carries the term's start (`since_unix_ms`, the wall clock when the
+///   request that makes us leader is sent), so the write that makes us leader also says
+///   since when: an observer never sees our term with an earlier `since` (such as when we
+///   began campaigning), nor without one.
 ///   Calling it again while leading returns the same token. When Consul refuses though no
 ///   session holds the key, a lock-delay is running: it returns
 ///   [`Attempt::Delayed`] with when that delay ends (see the [module docs](super)).
@@ -127,6 +131,18 @@ impl ConsulContender {
             .map_err(error::from_client)
     }
 
+    /// `PUT ?acquire=` of our [`Leader`] with the term's start as of now: the value the key
+    /// holds from the instant we lead, kept to be written again on release.
+    async fn put_acquire_now(&mut self) -> Result<bool> {
+        self.value = Leader {
+            candidate: self.candidate.clone(),
+            fencing_token: None,
+            since_unix_ms: Some(unix_ms_now()),
+        }
+        .to_bytes();
+        self.put_acquire(&self.value).await
+    }
+
     /// After a successful acquisition: reads the key back, and takes its modify index as the
     /// fencing token.
     async fn confirm(&mut self) -> Result<Attempt> {
@@ -198,15 +214,9 @@ impl Contender for ConsulContender {
                     .map(leader_of),
             });
         }
-        self.value = Leader {
-            candidate: self.candidate.clone(),
-            fencing_token: None,
-            since_unix_ms: Some(unix_ms_now()),
-        }
-        .to_bytes();
         // On an error the write may still have gone through: the claim stays, so that a
         // release frees the key.
-        if self.put_acquire(&self.value).await? {
+        if self.put_acquire_now().await? {
             return self.confirm().await;
         }
         let read = match self.read(false).await {
@@ -229,7 +239,7 @@ impl Contender for ConsulContender {
             None => {
                 // Nobody holds the key, yet Consul refused: a lock-delay runs, or the holder
                 // left between the two requests. One more try tells them apart.
-                if self.put_acquire(&self.value).await? {
+                if self.put_acquire_now().await? {
                     return self.confirm().await;
                 }
                 self.session.unclaim(&self.key, self.id);

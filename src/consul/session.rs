@@ -141,7 +141,7 @@ async fn create(backend: &ConsulBackend, options: &SessionOptions) -> Result<Sha
     tracing::debug!(session = %id, ttl = ?options.ttl, ?lock_delay, "consul session created");
     let client = backend.client().clone();
     let renewed = id.clone();
-    let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+    let keepalive = KeepAlive::spawn(NAME, &id, options, sent, move || {
         let client = client.clone();
         let id = renewed.clone();
         async move {

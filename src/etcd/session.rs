@@ -218,7 +218,13 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
         })?;
     let id = granted.id();
     tracing::debug!(lease = %format_args!("{id:x}"), ttl, granted = granted.ttl(), "lease granted");
-    let keepalive = KeepAlive::spawn(NAME, options, sent, renewer(backend.lease_client(), id));
+    let keepalive = KeepAlive::spawn(
+        NAME,
+        &format!("{id:x}"),
+        options,
+        sent,
+        renewer(backend.lease_client(), id),
+    );
     let from = keepalive.health();
     let (health_tx, health) = watch::channel(from.borrow().clone());
     let health_tx = Arc::new(health_tx);

@@ -120,7 +120,7 @@ async fn create(backend: &MemcachedBackend, options: &SessionOptions) -> Result<
     let renewed = held.clone();
     let renewing = backend.clone();
     let exptime = exptime(options);
-    let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+    let keepalive = KeepAlive::spawn(NAME, &id, options, sent, move || {
         renew(renewing.clone(), renewed.clone(), exptime)
     });
     tracing::debug!(session = %id, ttl = ?options.ttl, "memcached session started");

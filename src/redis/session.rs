@@ -148,7 +148,7 @@ async fn create(backend: &RedisBackend, options: &SessionOptions) -> Result<Shar
     let held: HeldKeys = Arc::default();
     let ttl_ms = u64::try_from(options.ttl.as_millis()).unwrap_or(u64::MAX);
     let renewed = held.clone();
-    let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+    let keepalive = KeepAlive::spawn(NAME, &id, options, sent, move || {
         renew(conn.clone(), renewed.clone(), ttl_ms)
     });
     tracing::debug!(session = %id, ttl = ?options.ttl, "redis session started");

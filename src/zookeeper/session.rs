@@ -153,7 +153,13 @@ async fn connect(backend: &ZookeeperBackend, options: &SessionOptions) -> Result
     }
     tracing::debug!(session = %format_args!("{id:#x}"), ?negotiated, "session opened");
     let slot: ClientSlot = Arc::new(Mutex::new(Some(client)));
-    let keepalive = KeepAlive::spawn(NAME, options, sent, renewer(slot.clone()));
+    let keepalive = KeepAlive::spawn(
+        NAME,
+        &format!("{id:#x}"),
+        options,
+        sent,
+        renewer(slot.clone()),
+    );
     Ok(Zk {
         backend: backend.clone(),
         id,

@@ -242,7 +242,7 @@ impl Backend for SimBackend {
             .call(move |state, now| state.create_session(client, ttl, lock_delay, now))
             .await?;
         let renewer = self.clone();
-        let keepalive = KeepAlive::spawn(NAME, options, sent, move || {
+        let keepalive = KeepAlive::spawn(NAME, &id.to_string(), options, sent, move || {
             let renewer = renewer.clone();
             async move { renewer.renew(id).await }
         });

@@ -1,5 +1,5 @@
 //! The command `incumbent run` supervises: started in a process group of its own, tied to
-//! this process's life, and stopped as a group.
+//! this process's life (by the guardian process of [`watchdog`]), and stopped as a group.
 
 use std::ffi::OsString;
 use std::io;
@@ -75,6 +75,15 @@ const CREDENTIAL_PREFIXES: &[&str] = &[
     "INCUMBENT_REDIS_",
 ];
 
+/// The variables of this process's environment that the command must not inherit: read once,
+/// at start, so that nothing is left to do between a win and the spawn.
+pub fn credentials_in_env() -> Vec<OsString> {
+    std::env::vars_os()
+        .map(|(name, _)| name)
+        .filter(|name| is_credential(name))
+        .collect()
+}
+
 /// Whether the variable `name` carries (or locates) the store's credentials.
 pub fn is_credential(name: &std::ffi::OsStr) -> bool {
     let Some(name) = name.to_str() else {
@@ -110,24 +119,23 @@ pub enum Next {
 
 impl Running {
     /// Starts `program args` for `term`, with the term in its environment, and without the
-    /// store's credentials unless `pass_credentials`.
+    /// variables in `removed` (the store's credentials, see [`credentials_in_env`]).
     ///
-    /// Must be called from the main thread (see `main`): on Linux the command is killed when
-    /// the thread that started it exits.
+    /// The spawn is a `posix_spawn` (a `vfork`-style clone on Linux: no copy of this
+    /// process's page tables), which returns once the program has been executed: nothing
+    /// runs in the child between the clone and the `exec` but setting the process group. The
+    /// guardian process (see [`watchdog`]) is told the group at once, so that it kills the
+    /// group if this process dies, however it dies.
     pub fn start(
         program: &Path,
         args: &[OsString],
         term: &Term,
         candidate: &str,
-        pass_credentials: bool,
+        removed: &[OsString],
     ) -> io::Result<Running> {
         let mut command = Command::new(program);
-        if !pass_credentials {
-            for (name, _) in std::env::vars_os() {
-                if is_credential(&name) {
-                    command.env_remove(name);
-                }
-            }
+        for name in removed {
+            command.env_remove(name);
         }
         command
             .args(args)
@@ -141,7 +149,8 @@ impl Running {
             // A background group reading the terminal would be stopped by SIGTTIN.
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        die_with_parent(&mut command);
+        // No `pre_exec` hook: with one, the standard library would fork and copy this
+        // process's page tables instead of using posix_spawn.
         let guard = term.hold();
         let child = command.spawn()?;
         let group = child
@@ -149,6 +158,7 @@ impl Running {
             .and_then(|id| libc::pid_t::try_from(id).ok())
             .filter(|&id| id > 1)
             .ok_or_else(|| io::Error::other("the command exited before it could be watched"))?;
+        watchdog::guard(group);
         Ok(Running {
             child,
             group,
@@ -184,7 +194,7 @@ impl Running {
         }
     }
 
-    /// Completes when the command exits; the watchdog forgets its group at once.
+    /// Completes when the command exits; the watchdog and the guardian forget its group at once.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         let exited = self.child.wait().await;
         if exited.is_ok() {
@@ -192,7 +202,7 @@ impl Running {
             // The pid (and so the group's id) may be reused from now on. The window between
             // the reaping just done and this call is a few instructions; the kernel hands
             // out pids in order, so a reuse within it would need all pids to wrap around.
-            watchdog::disarm(self.group);
+            watchdog::forget(self.group);
         }
         exited
     }
@@ -224,7 +234,7 @@ impl Drop for Running {
             // Not only the command (kill_on_drop): everything in its group.
             signal_group(self.group, libc::SIGKILL);
         }
-        watchdog::disarm(self.group);
+        watchdog::forget(self.group);
     }
 }
 
@@ -238,38 +248,6 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) {
         libc::kill(-group, signal);
     }
 }
-
-/// On Linux, has the kernel SIGKILL the command when this process dies, however it dies.
-#[cfg(target_os = "linux")]
-fn die_with_parent(command: &mut Command) {
-    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    // SAFETY: the closure runs in the child between fork and exec, and makes only
-    // async-signal-safe system calls (prctl, getppid), without allocating.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) == -1
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // We died between fork and prctl: the signal will never come, so do not start.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
-/// Elsewhere there is no parent-death signal: the command outlives a `kill -9` of this
-/// process (a graceful stop still stops it).
-#[cfg(not(target_os = "linux"))]
-fn die_with_parent(_command: &mut Command) {}
 
 /// The exit code a shell would report: the status, or 128 + the signal that killed it.
 pub fn exit_code(status: ExitStatus) -> u8 {

@@ -113,16 +113,29 @@ impl WithBackend for Run {
         if !watchdog::start() {
             return Err(Failure::Runtime("cannot start the watchdog thread".into()));
         }
-        Supervisor {
+        // Read once: nothing but the spawn stands between a win and the command.
+        let removed = if self.pass_credentials {
+            Vec::new()
+        } else {
+            process::credentials_in_env()
+        };
+        let supervisor = Supervisor {
+            removed,
             fail_after: self.patience.fail_after,
             out: self.out.for_election(&self.election),
             candidate: election.config().candidate.id.clone(),
             ttl: election.config().ttl,
             settings: self,
             signals,
+        };
+        // A task of its own rather than the runtime's main future: on the one-thread runtime,
+        // a task the campaign wakes at its win runs next, while the main future waits until
+        // every task queued meanwhile (the store client's) has run.
+        match tokio::spawn(async move { supervisor.run(&election).await }).await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Failure::Runtime(format!("the supervisor stopped: {e}"))),
         }
-        .run(&election)
-        .await
     }
 }
 
@@ -165,6 +178,8 @@ impl Signals {
 
 struct Supervisor {
     settings: Run,
+    /// The variables the command does not inherit (the store's credentials).
+    removed: Vec<OsString>,
     /// `--fail-after`: how long the campaign may fail in a row while not leading.
     fail_after: Option<Duration>,
     out: Reporter,
@@ -181,6 +196,24 @@ struct Stopping {
     /// Whether the group has had SIGKILL.
     killed: bool,
     began: Instant,
+}
+
+/// Whole microseconds, for the log.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// How a spawn went.
+enum Started {
+    /// The command runs: the spawn began at `began` (wall clock) and took `took`.
+    Running {
+        began: std::time::SystemTime,
+        took: Duration,
+    },
+    /// It could not be started.
+    Failed(std::io::Error),
+    /// Its term had ended already.
+    Cancelled,
 }
 
 /// What happened to the command being stopped.
@@ -515,8 +548,13 @@ impl Supervisor {
     ) {
         match event {
             LeadershipEvent::Elected(term) => {
-                // Starting the command is not urgent (the lock is ours); the line reads better
-                // first, and writing it never blocks.
+                // The command first: the hand-off is complete only when it runs. Everything
+                // else, the lines included, comes after the spawn.
+                state.shown_leader = None;
+                state.leading = true;
+                let delay = restart_delay(state.quick_exits);
+                let start_now = !state.shutting_down && delay.is_zero() && state.stopping.is_none();
+                let started = start_now.then(|| self.spawn(&term, state, status));
                 let token = term.fencing_token();
                 let waited = state.waiting_since.elapsed();
                 self.out.event(
@@ -524,15 +562,12 @@ impl Supervisor {
                     &format!("elected (fencing token {token}) after {}", human(waited)),
                     json!({ "fencing_token": token, "waited_ms": millis(waited) }),
                 );
-                state.shown_leader = None;
-                state.leading = true;
-                if state.shutting_down {
-                    state.led_at_shutdown = true;
+                if let Some(started) = started {
+                    self.report_start(&term, started, state, handle);
                     return;
                 }
-                let delay = restart_delay(state.quick_exits);
-                if delay.is_zero() && state.stopping.is_none() {
-                    self.start(&term, state, handle, status);
+                if state.shutting_down {
+                    state.led_at_shutdown = true;
                     return;
                 }
                 if !delay.is_zero() {
@@ -602,7 +637,7 @@ impl Supervisor {
         }
     }
 
-    /// Starts the command for `term`; shuts down if it cannot be started.
+    /// Starts the command for `term`, and reports it; shuts down if it cannot be started.
     fn start(
         &mut self,
         term: &Term,
@@ -610,34 +645,76 @@ impl Supervisor {
         handle: &CampaignHandle,
         status: &watch::Receiver<Status>,
     ) {
+        let started = self.spawn(term, state, status);
+        self.report_start(term, started, state, handle);
+    }
+
+    /// Spawns the command for `term` and arms the watchdog: nothing else, so that the
+    /// command starts as soon as the term does. [`report_start`](Self::report_start) says
+    /// how it went.
+    fn spawn(
+        &mut self,
+        term: &Term,
+        state: &mut State,
+        status: &watch::Receiver<Status>,
+    ) -> Started {
         if term.is_cancelled() {
-            return; // the term ended meanwhile; its Demoted event is on its way
+            return Started::Cancelled; // the term ended meanwhile; its Demoted event is on its way
         }
+        let began = std::time::SystemTime::now();
+        let clock = Instant::now();
         let s = &self.settings;
-        match Running::start(
-            &s.program,
-            &s.args,
-            term,
-            &self.candidate,
-            s.pass_credentials,
-        ) {
+        match Running::start(&s.program, &s.args, term, &self.candidate, &self.removed) {
             Ok(running) => {
-                let pid = running.pid();
+                let took = clock.elapsed();
                 state.running = Some(running);
                 self.rearm(&status.borrow(), state);
+                Started::Running { began, took }
+            }
+            Err(e) => Started::Failed(e),
+        }
+    }
+
+    /// Logs how [`spawn`](Self::spawn) went, with the times of the hand-off's last part:
+    /// from the term's start to the spawn, and the spawn itself (until the program was
+    /// executed). Shuts down if the command could not be started.
+    fn report_start(
+        &mut self,
+        term: &Term,
+        started: Started,
+        state: &mut State,
+        handle: &CampaignHandle,
+    ) {
+        match started {
+            Started::Running { began, took } => {
+                let Some(pid) = state.running.as_ref().map(Running::pid) else {
+                    return;
+                };
+                let after_win = began.duration_since(term.started_at()).unwrap_or_default();
+                let term_started = term
+                    .started_at()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
                 self.out.event(
                     "command_started",
                     &format!("started {} (pid {pid})", self.settings.program.display()),
-                    json!({ "pid": pid, "fencing_token": term.fencing_token() }),
+                    json!({
+                        "pid": pid,
+                        "fencing_token": term.fencing_token(),
+                        "term_started_unix_us": micros(term_started),
+                        "spawn_after_term_start_us": micros(after_win),
+                        "spawn_us": micros(took),
+                    }),
                 );
             }
-            Err(e) => {
+            Started::Failed(e) => {
                 shut_down(state, handle, 1);
                 self.out.error(&format!(
                     "cannot start {}: {e}; shutting down",
                     self.settings.program.display()
                 ));
             }
+            Started::Cancelled => {}
         }
     }
 

@@ -10,9 +10,24 @@
 //! term's `stop_by`. A watchdog that fires has nothing to lose: by then the campaign would
 //! have fenced itself had it been able to run.
 //!
-//! What no thread of ours can cover: this whole process frozen (SIGSTOP, a paused VM). Then
+//! What no thread of ours can cover: this process dying (a crash, `kill -9`). For that there
+//! is the *guardian*: a small process forked once at start, before any command runs, that
+//! holds the read end of a pipe whose only write end is ours, and shares one page of memory
+//! with us where we store the command's process group at each spawn (and 0 when the command
+//! is reaped): a store, no system call, no wake-up. When this process dies, however it dies,
+//! the kernel closes the write end; the guardian reads end-of-file and SIGKILLs the group last
+//! stored, then exits. This replaces the parent-death signal
+//! (`PR_SET_PDEATHSIG`), which needs a hook between `fork` and `exec` and so rules out
+//! `posix_spawn`, and covers more: the whole group, not only the command, on every Unix.
+//! What it does not cover: this process dying in the microseconds between a spawn's return
+//! and the group being stored; and a guardian killed on purpose (it ignores the terminal's
+//! signals).
+//!
+//! What no process of ours can cover: this whole process frozen (SIGSTOP, a paused VM). Then
 //! the command may outlive the lock, and fencing tokens are the defence.
 
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Instant;
 
@@ -49,10 +64,136 @@ fn shared() -> Option<&'static Arc<Shared>> {
         .as_ref()
 }
 
-/// Starts the watchdog's thread now, so that arming it later allocates nothing new.
-/// Returns whether it runs.
+/// Starts the watchdog's thread and the guardian process now, before any command runs, so
+/// that arming them later allocates nothing new. Returns whether both run.
 pub fn start() -> bool {
-    shared().is_some()
+    shared().is_some() && guardian().is_some()
+}
+
+/// What this process shares with the guardian.
+struct Guardian {
+    /// The group the guardian kills when this process dies (0: none), in a page of memory
+    /// shared with it: telling it is a store, with no system call and no wake-up.
+    group: &'static AtomicI32,
+    /// The write end of the pipe whose end-of-file tells the guardian this process is gone.
+    /// Nothing is ever written to it.
+    _alive: OwnedFd,
+}
+
+/// The guardian, once it runs.
+fn guardian() -> Option<&'static Guardian> {
+    static GUARDIAN: OnceLock<Option<Guardian>> = OnceLock::new();
+    GUARDIAN.get_or_init(start_guardian).as_ref()
+}
+
+/// Has the guardian kill process group `group` if this process dies. One group at a time.
+pub fn guard(group: libc::pid_t) {
+    if group > 1
+        && let Some(guardian) = guardian()
+    {
+        guardian.group.store(group, Ordering::SeqCst);
+    }
+}
+
+/// The guardian forgets `group` (if it is the one guarded).
+fn unguard(group: libc::pid_t) {
+    if let Some(guardian) = guardian() {
+        let _ = guardian
+            .group
+            .compare_exchange(group, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Forks the guardian (see the module docs). `None` if the shared page, the pipe or the fork
+/// could not be had.
+fn start_guardian() -> Option<Guardian> {
+    // SAFETY: a fresh anonymous mapping, never unmapped: the reference lives as long as the
+    // process. An AtomicI32 needs 4 bytes, aligned to 4; a page is both.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: see above; the page is zeroed, a valid AtomicI32 of 0.
+    let group: &'static AtomicI32 = unsafe { &*page.cast::<AtomicI32>() };
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe writes.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    let [read, write] = fds;
+    // Close-on-exec, so that no command holds the write end open (`pipe2` is Linux's; at
+    // start nothing else spawns meanwhile). SAFETY: both descriptors are ours.
+    unsafe {
+        libc::fcntl(read, libc::F_SETFD, libc::FD_CLOEXEC);
+        libc::fcntl(write, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+    // SAFETY: the child runs only `guardian_main`, which makes async-signal-safe system calls
+    // and never returns, allocates, or touches a lock (this process has other threads).
+    match unsafe { libc::fork() } {
+        0 => unsafe { guardian_main(read, write, group) },
+        -1 => {
+            // SAFETY: both descriptors are ours and closed once.
+            unsafe {
+                libc::close(read);
+                libc::close(write);
+            }
+            None
+        }
+        _ => {
+            // SAFETY: `read` is ours and closed once; `write` is ours, owned from here on.
+            unsafe {
+                libc::close(read);
+                Some(Guardian {
+                    group,
+                    _alive: OwnedFd::from_raw_fd(write),
+                })
+            }
+        }
+    }
+}
+
+/// The guardian: waits for this process's end (end-of-file on the pipe), then SIGKILLs the
+/// group last stored in the shared page.
+///
+/// # Safety
+/// Only in the child of a `fork`, with `read` and `write` the ends of the guardian's pipe.
+unsafe fn guardian_main(read: libc::c_int, write: libc::c_int, group: &AtomicI32) -> ! {
+    // SAFETY: async-signal-safe system calls on descriptors and signals of this process.
+    unsafe {
+        libc::close(write);
+        // The terminal's signals reach the whole foreground group, this process included:
+        // the guardian outlives them, and ends only with the supervisor.
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        let mut byte = 0u8;
+        // Nothing is ever written: read returns at end-of-file, when the supervisor is gone.
+        while libc::read(read, (&raw mut byte).cast(), 1) == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)
+        {}
+        let group = group.load(Ordering::SeqCst);
+        if group > 1 {
+            libc::kill(-group, libc::SIGKILL);
+        }
+        libc::_exit(0)
+    }
 }
 
 /// Kills process group `group` at `at` unless disarmed (or re-armed) before. Re-arming
@@ -67,8 +208,14 @@ pub fn arm(group: libc::pid_t, at: Instant) {
     }
 }
 
-/// Stops watching `group` (if it is the one watched). Call it as soon as the group's leader
-/// has been reaped, before its id can be reused.
+/// Forgets `group` altogether: the watchdog is disarmed and the guardian no longer guards it.
+/// Call it as soon as the group's leader has been reaped, before its id can be reused.
+pub fn forget(group: libc::pid_t) {
+    unguard(group);
+    disarm(group);
+}
+
+/// Stops watching `group` (if it is the one watched); the guardian still guards it.
 pub fn disarm(group: libc::pid_t) {
     if let Some(shared) = shared() {
         let mut armed = shared.lock();
