@@ -31,9 +31,9 @@
 //! after exits within 10 s of the start, only after a delay of 1 s, doubling up to 30 s, so
 //! that a crashing command never runs in a hot loop), or with `--exit-with-child` releases
 //! the lock and exits with the command's status. If this process dies, even by `kill -9`,
-//! the kernel kills the command (Linux: `PR_SET_PDEATHSIG`) and releases a file lock at once;
-//! processes the command started itself are not covered by that: `exec` the worker from
-//! wrapper scripts.
+//! a guardian process it forked at start SIGKILLs the command's whole process group (and a
+//! file lock is released at once); processes that leave the group (`setsid`, daemonizing)
+//! are not covered: `exec` the worker from wrapper scripts.
 //!
 //! What no supervisor can prevent: when this whole process is frozen (a paused VM, SIGSTOP of
 //! `incumbent`, a host swapping to a halt), nothing runs to stop the command, the lease
@@ -478,8 +478,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Everything runs on this, the main, thread, which lives as long as the process: the
-    // command's parent-death signal fires when the thread that forked it exits.
+    // Everything runs on this runtime, on the main thread, which lives as long as the process.
     let outcome = runtime.block_on(dispatch(cli.command, out.clone()));
     // Tasks still running (a follower blocked in `flock` on a blocking-pool thread, say) must
     // not hold the exit up: everything worth waiting for is done.
