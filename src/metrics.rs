@@ -58,9 +58,6 @@
 
 use std::time::Duration;
 
-use crate::Result;
-use crate::backend::keepalive::Renewal;
-
 /// Gauge: 1 while this candidate leads the election, else 0.
 pub const IS_LEADER: &str = "incumbent_is_leader";
 /// Counter: terms won.
@@ -87,6 +84,19 @@ pub const ALL: [&str; 7] = [
     TIME_TO_LEADER,
 ];
 
+/// How one session renewal ended, as the `result` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RenewalResult {
+    /// The store confirmed the session.
+    Ok,
+    /// The store says the session is gone.
+    Gone,
+    /// The request failed.
+    Error,
+    /// No answer in time.
+    Timeout,
+}
+
 /// The renewal metrics of one session, registered once at its start.
 pub(crate) struct RenewalMetrics {
     ok: metrics::Counter,
@@ -111,16 +121,12 @@ impl RenewalMetrics {
     }
 
     /// Records one renewal's outcome and round trip.
-    pub(crate) fn record(
-        &self,
-        outcome: &std::result::Result<Result<Renewal>, tokio::time::error::Elapsed>,
-        latency: Duration,
-    ) {
-        let counter = match outcome {
-            Ok(Ok(Renewal::Alive)) => &self.ok,
-            Ok(Ok(Renewal::Gone)) => &self.gone,
-            Ok(Err(_)) => &self.error,
-            Err(_) => &self.timeout,
+    pub(crate) fn record(&self, result: RenewalResult, latency: Duration) {
+        let counter = match result {
+            RenewalResult::Ok => &self.ok,
+            RenewalResult::Gone => &self.gone,
+            RenewalResult::Error => &self.error,
+            RenewalResult::Timeout => &self.timeout,
         };
         counter.increment(1);
         self.latency.record(latency.as_secs_f64());

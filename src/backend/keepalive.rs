@@ -43,7 +43,8 @@ use tokio::time::{Instant, Timeout, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use super::{SessionHealth, SessionLoss, SessionOptions};
-use crate::{Result, metrics};
+use crate::Result;
+use crate::metrics::{self, RenewalResult};
 
 /// What one renewal call found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +144,13 @@ impl KeepAlive {
                     biased;
                     () = stopped.cancelled() => break SessionLoss::Closed,
                     (sent, outcome) = poll_fn(|cx| poll_attempts(&mut attempts, cx)) => {
-                        metrics.record(&outcome, sent.elapsed());
+                        let result = match &outcome {
+                            Ok(Ok(Renewal::Alive)) => RenewalResult::Ok,
+                            Ok(Ok(Renewal::Gone)) => RenewalResult::Gone,
+                            Ok(Err(_)) => RenewalResult::Error,
+                            Err(_) => RenewalResult::Timeout,
+                        };
+                        metrics.record(result, sent.elapsed());
                         let failure = match outcome {
                             Ok(Ok(Renewal::Alive)) => {
                                 if sent > confirmed {
