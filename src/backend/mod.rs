@@ -58,6 +58,11 @@ pub struct Leader {
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub fencing_token: Option<FencingToken>,
     /// When the leader says its term began, in milliseconds since the Unix epoch.
+    ///
+    /// Consul, Redis, memcached, file and memory write it in the same write that makes the
+    /// candidate leader. etcd and ZooKeeper hand leadership over by deleting the predecessor's
+    /// key, so the new leader's key already exists and its `since` is rewritten right after
+    /// the win: an observer can briefly see the time the candidate began to campaign.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub since_unix_ms: Option<u64>,
 }
