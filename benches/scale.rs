@@ -514,7 +514,14 @@ async fn etcd_connect(endpoints: &[String]) -> incumbent::etcd::EtcdBackend {
         .expect("connect to etcd")
 }
 
-/// A `consul agent -dev` that serves its metrics in Prometheus' format.
+/// HTTP connections the agent accepts from one client address: each election holds one
+/// blocking query, so one connection, open; Consul's default (200) stops a process at about
+/// 200 elections.
+#[cfg(feature = "consul")]
+const CONSUL_CONNS_PER_CLIENT: usize = 5_000;
+
+/// A `consul agent -dev` that serves its metrics in Prometheus' format, and takes
+/// [`CONSUL_CONNS_PER_CLIENT`] connections from this process.
 #[cfg(feature = "consul")]
 async fn consul_agent() -> (
     support::process::ServerProcess,
@@ -523,7 +530,9 @@ async fn consul_agent() -> (
 ) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let telemetry = r#"-hcl=telemetry { prometheus_retention_time = "120s" }"#.to_owned();
-    let (agent, addr) = support::consul::spawn_dev("consul", dir.path(), &[telemetry]).await;
+    let limits = format!("-hcl=limits {{ http_max_conns_per_client = {CONSUL_CONNS_PER_CLIENT} }}");
+    let (agent, addr) =
+        support::consul::spawn_dev("consul", dir.path(), &[telemetry, limits]).await;
     (agent, addr, dir)
 }
 
