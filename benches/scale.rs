@@ -138,6 +138,7 @@ fn args() -> Args {
 /// The ttl of every election here: renewals every 2 s, so an idle window of 10 s holds five.
 const TTL: Duration = Duration::from_secs(6);
 /// The ttl of Consul elections (its minimum).
+#[cfg(feature = "consul")]
 const CONSUL_TTL: Duration = Duration::from_secs(10);
 /// The longest any step may take before the bench gives up on it and says so.
 const STEP_LIMIT: Duration = Duration::from_secs(120);
@@ -205,7 +206,7 @@ async fn main() {
 
 /// What a backend's store can tell about the load on it.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+#[cfg_attr(not(all(feature = "etcd", feature = "consul")), allow(dead_code))]
 enum Store {
     None,
     Etcd(SocketAddr),
@@ -641,6 +642,7 @@ async fn etcd_followers(args: &Args) {
 }
 
 /// Waits until `leaders` lead and `followers` follow (bounded); says how it ended.
+#[cfg(any(feature = "etcd", feature = "consul"))]
 async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
     let deadline = Instant::now() + STEP_LIMIT;
     loop {
@@ -659,6 +661,7 @@ async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
     }
 }
 
+#[cfg(feature = "etcd")]
 fn leaders_per_process(procs: &[Vec<Campaign>]) -> Vec<usize> {
     procs
         .iter()
