@@ -333,3 +333,30 @@ impl<T> Drop for QueueReceiver<T> {
         drop(items);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::queue;
+
+    #[tokio::test]
+    async fn a_queue_delivers_in_order_and_closes_when_every_sender_is_gone() {
+        let (tx, mut rx) = queue();
+        let other = tx.clone();
+        tx.send(1).unwrap();
+        other.send(2).unwrap();
+        drop(tx);
+        assert_eq!(rx.recv().await, Some(1));
+        assert_eq!(rx.recv().await, Some(2));
+        let waiting = tokio::spawn(async move { rx.recv().await });
+        tokio::task::yield_now().await;
+        drop(other);
+        assert_eq!(waiting.await.unwrap(), None);
+    }
+
+    #[test]
+    fn sending_to_a_queue_whose_receiver_is_gone_gives_the_item_back() {
+        let (tx, rx) = queue();
+        drop(rx);
+        assert_eq!(tx.send("event"), Err("event"));
+    }
+}
