@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use futures_core::Stream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::Instrument;
 
@@ -31,7 +31,9 @@ use crate::backend::{
     unix_ms_now,
 };
 use crate::config::Config;
-use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
+use crate::event::{
+    DemotionReason, LeadershipEvent, Problem, QueueReceiver, QueueSender, Role, Status, queue,
+};
 use crate::term::Term;
 use crate::{Error, Result, metrics};
 
@@ -60,22 +62,22 @@ pub struct CampaignHandle {
 /// the campaign has stopped.
 #[derive(Debug)]
 pub struct Events {
-    rx: mpsc::UnboundedReceiver<LeadershipEvent>,
+    rx: QueueReceiver<LeadershipEvent>,
 }
 
 #[derive(Debug)]
 struct Shared {
-    commands: mpsc::UnboundedSender<Command>,
+    commands: QueueSender<Command>,
     status: watch::Receiver<Status>,
     subscribers: Subscribers,
 }
 
 #[derive(Clone, Debug, Default)]
-struct Subscribers(Arc<Mutex<Vec<mpsc::UnboundedSender<LeadershipEvent>>>>);
+struct Subscribers(Arc<Mutex<Vec<QueueSender<LeadershipEvent>>>>);
 
 impl Subscribers {
     fn add(&self) -> Events {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = queue();
         lock(&self.0).push(tx);
         Events { rx }
     }
@@ -244,7 +246,7 @@ pub(crate) fn spawn<B: Backend>(
     config: Arc<Config>,
     before_start: impl FnOnce(&CampaignHandle),
 ) -> Campaign {
-    let (commands_tx, commands) = mpsc::unbounded_channel();
+    let (commands_tx, commands) = queue();
     let (status, status_rx) = watch::channel(Status {
         election: config.name.clone(),
         candidate: config.candidate.clone(),
@@ -293,7 +295,7 @@ pub(crate) fn spawn<B: Backend>(
 struct Engine<B: Backend> {
     backend: B,
     config: Arc<Config>,
-    commands: mpsc::UnboundedReceiver<Command>,
+    commands: QueueReceiver<Command>,
     status: watch::Sender<Status>,
     subscribers: Subscribers,
     /// The leader last reported, to send `LeaderChanged` only on a change.
@@ -777,7 +779,7 @@ impl<B: Backend> Engine<B> {
     async fn wind_down(
         &self,
         term: &Term,
-        guards: &mut mpsc::Receiver<()>,
+        guards: &mut QueueReceiver<()>,
         health: &mut watch::Receiver<SessionHealth>,
         stop_by: Option<Instant>,
     ) -> bool {

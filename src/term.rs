@@ -3,11 +3,11 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::backend::{FencingToken, Leader};
+use crate::event::{QueueReceiver, QueueSender, queue};
 
 /// One term of leadership: valid from when it is handed out until its token is cancelled.
 ///
@@ -49,7 +49,7 @@ struct Inner {
     /// Cancelled when the term's work must have stopped: at `stop_by`.
     halt: CancellationToken,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
-    holds: Mutex<Option<mpsc::Sender<()>>>,
+    holds: Mutex<Option<QueueSender<()>>>,
 }
 
 /// Keeps the lock from being released while held, up to the election's grace.
@@ -60,7 +60,7 @@ struct Inner {
 /// worker; take one with [`Term::hold`] when you run work from a raw campaign.
 #[derive(Debug)]
 pub struct TermGuard {
-    _hold: Option<mpsc::Sender<()>>,
+    _hold: Option<QueueSender<()>>,
 }
 
 impl Term {
@@ -68,8 +68,9 @@ impl Term {
         election: String,
         leader: Leader,
         fencing_token: FencingToken,
-    ) -> (Term, mpsc::Receiver<()>) {
-        let (tx, rx) = mpsc::channel(1);
+    ) -> (Term, QueueReceiver<()>) {
+        // Nothing is ever sent: the receiver learns that every guard went when it closes.
+        let (tx, rx) = queue();
         let term = Term {
             inner: Arc::new(Inner {
                 election,

@@ -114,7 +114,13 @@ impl ConsulContender {
     /// [`BLOCKING_WAIT`]: super::BLOCKING_WAIT
     async fn read_after_change(&mut self, consistent: bool) -> Result<KvResponse, ConsulError> {
         self.pending
-            .read_after(self.backend.client(), &self.key, self.index, consistent)
+            .read_after(
+                self.backend.sightings().reads(),
+                self.backend.client(),
+                &self.key,
+                self.index,
+                consistent,
+            )
             .await
     }
 

@@ -49,7 +49,13 @@ impl Observer for ConsulObserver {
             let index = if self.last.is_some() { self.index } else { 0 };
             let read = match self
                 .pending
-                .read_after(self.backend.client(), &self.key, index, false)
+                .read_after(
+                    self.backend.sightings().reads(),
+                    self.backend.client(),
+                    &self.key,
+                    index,
+                    false,
+                )
                 .await
             {
                 Ok(read) => read,

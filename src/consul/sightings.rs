@@ -13,12 +13,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::watch::SharedReads;
 use super::{CONSUL_DEFAULT_LOCK_DELAY, LOCK_DELAY_MARGIN};
 use crate::backend::lock;
 
 /// The last holder seen on each key.
 #[derive(Debug, Default)]
-pub(super) struct Sightings(Mutex<HashMap<String, Sighting>>);
+pub(super) struct Sightings {
+    seen: Mutex<HashMap<String, Sighting>>,
+    /// The blocking reads of keys in flight, shared by the backend's contenders and observers.
+    reads: SharedReads,
+}
 
 #[derive(Debug)]
 struct Sighting {
@@ -31,9 +36,14 @@ struct Sighting {
 }
 
 impl Sightings {
+    /// The blocking reads of keys in flight.
+    pub fn reads(&self) -> &SharedReads {
+        &self.reads
+    }
+
     /// `session` holds `key`. Returns whether its lock-delay is still unknown.
     pub fn holder(&self, key: &str, session: &str) -> bool {
-        let mut map = lock(&self.0);
+        let mut map = lock(&self.seen);
         let sighting = map.entry(key.to_owned()).or_insert_with(|| Sighting {
             session: session.to_owned(),
             lock_delay: None,
@@ -51,7 +61,7 @@ impl Sightings {
 
     /// The lock-delay of `session`, read from its session info.
     pub fn learn(&self, key: &str, session: &str, lock_delay: Duration) {
-        if let Some(sighting) = lock(&self.0).get_mut(key)
+        if let Some(sighting) = lock(&self.seen).get_mut(key)
             && sighting.session == session
         {
             sighting.lock_delay = Some(lock_delay);
@@ -60,7 +70,7 @@ impl Sightings {
 
     /// Our own `session`, with its known `lock_delay`, holds `key`.
     pub fn ours(&self, key: &str, session: &str, lock_delay: Duration) {
-        lock(&self.0).insert(
+        lock(&self.seen).insert(
             key.to_owned(),
             Sighting {
                 session: session.to_owned(),
@@ -73,14 +83,14 @@ impl Sightings {
     /// `key` was seen without a holder: if the last holder seen had not been seen to go, it
     /// went now.
     pub fn cleared(&self, key: &str) {
-        if let Some(sighting) = lock(&self.0).get_mut(key) {
+        if let Some(sighting) = lock(&self.seen).get_mut(key) {
             sighting.cleared_at.get_or_insert_with(Instant::now);
         }
     }
 
     /// Our own `session`, which held `key`, was invalidated: noted now unless seen before.
     pub fn ours_invalidated(&self, key: &str, session: &str, lock_delay: Duration) {
-        let mut map = lock(&self.0);
+        let mut map = lock(&self.seen);
         match map.get_mut(key) {
             Some(sighting) if sighting.session == session => {
                 sighting.lock_delay = Some(lock_delay);
@@ -111,7 +121,7 @@ impl Sightings {
     /// What was known is used up: a second refusal in a row falls back to the default.
     pub fn delayed_until(&self, key: &str) -> Instant {
         let now = Instant::now();
-        let seen = lock(&self.0).remove(key);
+        let seen = lock(&self.seen).remove(key);
         let end = match seen {
             Some(Sighting {
                 lock_delay: Some(delay),

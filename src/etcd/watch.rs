@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, timeout_at};
 
 use super::{EtcdBackend, error};
 use crate::Result;
+use crate::event::{QueueReceiver, QueueSender, queue};
 
 /// The first pause before re-establishing a broken watch.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
@@ -64,7 +65,7 @@ enum Request {
         id: i64,
         key: Vec<u8>,
         options: WatchOptions,
-        route: UnboundedSender<Message>,
+        route: QueueSender<Message>,
     },
     Cancel {
         id: i64,
@@ -91,7 +92,7 @@ async fn run_stream(
     mut requests: UnboundedReceiver<Request>,
     limit: Duration,
 ) {
-    let mut routes: HashMap<i64, UnboundedSender<Message>> = HashMap::new();
+    let mut routes: HashMap<i64, QueueSender<Message>> = HashMap::new();
     // etcd opens a watch stream with its first watch.
     let mut stream: WatchStream = loop {
         let Some(request) = requests.recv().await else {
@@ -155,7 +156,7 @@ async fn run_stream(
 }
 
 /// Passes one response to its watch.
-fn deliver(routes: &mut HashMap<i64, UnboundedSender<Message>>, response: WatchResponse) {
+fn deliver(routes: &mut HashMap<i64, QueueSender<Message>>, response: WatchResponse) {
     let id = response.watch_id();
     let message = if response.canceled() {
         let reason = match response.compact_revision() {
@@ -240,7 +241,7 @@ pub(super) struct Follow {
 /// The watches of a [`Follow`] on the stream; cancelled when dropped.
 struct Open {
     ids: Vec<i64>,
-    messages: UnboundedReceiver<Message>,
+    messages: QueueReceiver<Message>,
     requests: UnboundedSender<Request>,
     /// Watches whose creation the server has not confirmed yet.
     unconfirmed: usize,
@@ -381,7 +382,7 @@ impl Follow {
         }
         let hub = &self.backend.inner.watches;
         let requests = hub.requests(&self.backend);
-        let (route, messages) = unbounded_channel();
+        let (route, messages) = queue();
         let mut open = Open {
             ids: Vec::with_capacity(self.targets.len()),
             messages,

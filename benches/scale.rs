@@ -1,0 +1,764 @@
+//! Elections at scale: many elections in one process, and what they ask of the store.
+//!
+//! ```text
+//! cargo bench --bench scale --features etcd,consul                       # every section
+//! cargo bench --bench scale -- memory file --counts 100,1000,10000       # no server needed
+//! cargo bench --bench scale --features etcd -- etcd-followers --processes 5 --count 1000
+//! ```
+//!
+//! Sections:
+//! - `memory`, `file`, `etcd`, `consul`: one process (one backend, one candidate identity,
+//!   so one lease or session) runs `E` elections for each `E` of `--counts`: time until all
+//!   lead, live heap and resident memory per election once settled, the heap's live blocks
+//!   by size (where the bytes go), CPU and store requests while idle, and the time to shut
+//!   all down (every lock released).
+//! - `etcd-followers`: `--processes` backends (each its own connection, identity and lease,
+//!   as separate processes would have) contend for the same `--count` elections; how
+//!   leadership spreads, etcd's write rate and watch count while settled and during a rolling
+//!   restart of the backends.
+//! - `consul-followers`: two backends contend for `--count` Consul elections: the blocking
+//!   queries open on the agent (TCP connections from this process) while settled.
+//!
+//! Every figure is printed and appended to a CSV (`--csv`, default `target/scale.csv`) that
+//! `scripts/plot-scale` draws. Nothing is asserted. Every wait is bounded.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use incumbent::backend::Backend;
+use incumbent::{Campaign, Election, Role};
+
+/// Counts live heap bytes and live blocks, by size class, so that a figure per election
+/// says where the bytes go.
+struct Counting;
+
+const CLASSES: usize = 80;
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+static LIVE_BLOCKS: [AtomicI64; CLASSES] = [const { AtomicI64::new(0) }; CLASSES];
+
+/// Size classes: 16-byte steps to 1 KiB (64 classes), then powers of two.
+fn class(size: usize) -> usize {
+    if size <= 1024 {
+        size.div_ceil(16).max(1) - 1
+    } else {
+        (63 + (usize::BITS - (size - 1).leading_zeros()) as usize - 10).min(CLASSES - 1)
+    }
+}
+
+fn class_label(class: usize) -> String {
+    if class < 64 {
+        format!("{}-{} B", class * 16 + 1, (class + 1) * 16)
+    } else {
+        let high = 1usize << (class - 63 + 10);
+        format!("{}-{} B", high / 2 + 1, high)
+    }
+}
+
+// SAFETY: forwards every call to the system allocator; only counts on the side.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            LIVE_BLOCKS[class(layout.size())].fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE_BYTES.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        LIVE_BLOCKS[class(layout.size())].fetch_sub(1, Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE_BYTES.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+            LIVE_BLOCKS[class(layout.size())].fetch_sub(1, Ordering::Relaxed);
+            LIVE_BLOCKS[class(new_size)].fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn blocks() -> [i64; CLASSES] {
+    std::array::from_fn(|i| LIVE_BLOCKS[i].load(Ordering::Relaxed))
+}
+
+/// Command-line settings.
+struct Args {
+    sections: Vec<String>,
+    counts: Vec<usize>,
+    count: usize,
+    processes: usize,
+    idle: Duration,
+    csv: String,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        sections: Vec::new(),
+        counts: vec![100, 1_000, 10_000],
+        count: 1_000,
+        processes: 5,
+        idle: Duration::from_secs(10),
+        csv: "target/scale.csv".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().unwrap_or_default();
+        match a.as_str() {
+            "--counts" => {
+                args.counts = value()
+                    .split(',')
+                    .filter_map(|n| n.trim().parse().ok())
+                    .collect()
+            }
+            "--count" => args.count = value().parse().unwrap_or(args.count),
+            "--processes" => args.processes = value().parse().unwrap_or(args.processes),
+            "--idle" => args.idle = Duration::from_secs(value().parse().unwrap_or(10)),
+            "--csv" => args.csv = value(),
+            "--bench" => {}
+            s if s.starts_with('-') => {}
+            s => args.sections.push(s.to_owned()),
+        }
+    }
+    args
+}
+
+/// The ttl of every election here: renewals every 2 s, so an idle window of 10 s holds five.
+const TTL: Duration = Duration::from_secs(6);
+/// The ttl of Consul elections (its minimum).
+#[cfg(feature = "consul")]
+const CONSUL_TTL: Duration = Duration::from_secs(10);
+/// The longest any step may take before the bench gives up on it and says so.
+const STEP_LIMIT: Duration = Duration::from_secs(120);
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let wanted = |name: &str| {
+        (args.sections.is_empty() && !name.ends_with("-followers"))
+            || args.sections.iter().any(|s| s == name)
+    };
+    println!("machine: {}", machine());
+    if let Some(dir) = std::path::Path::new(&args.csv).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let run = Instant::now();
+    if wanted("memory") {
+        let store = incumbent::memory::MemoryBackend::new();
+        for &n in &args.counts {
+            let r = one_process("memory", n, || store.clone(), TTL, Store::None, &args).await;
+            r.save(&args.csv);
+        }
+    }
+    #[cfg(unix)]
+    if wanted("file") {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        for &n in &args.counts {
+            let backend = || incumbent::file::FileBackend::in_dir(dir.path());
+            let r = one_process("file", n, backend, TTL, Store::None, &args).await;
+            r.save(&args.csv);
+        }
+    }
+    #[cfg(feature = "etcd")]
+    if wanted("etcd") {
+        let server = support::EtcdServer::single().await;
+        let backend = etcd_connect(&server.endpoints()).await;
+        let store = Store::Etcd(server.client_addr());
+        for &n in &args.counts {
+            let r = one_process("etcd", n, || backend.clone(), TTL, store, &args).await;
+            println!("  leases held: {}", backend.lease_ids().len());
+            r.save(&args.csv);
+        }
+    }
+    #[cfg(feature = "etcd")]
+    if wanted("etcd-followers") {
+        etcd_followers(&args).await;
+    }
+    #[cfg(feature = "consul")]
+    if wanted("consul") {
+        let (_agent, addr, _dir) = consul_agent().await;
+        let backend = consul_connect(&format!("http://{addr}"));
+        let store = Store::Consul(addr);
+        for &n in args.counts.iter().filter(|&&n| n <= 1_000) {
+            let r = one_process("consul", n, || backend.clone(), CONSUL_TTL, store, &args).await;
+            println!("  sessions held: {}", backend.session_ids().len());
+            r.save(&args.csv);
+        }
+    }
+    #[cfg(feature = "consul")]
+    if wanted("consul-followers") {
+        consul_followers(&args).await;
+    }
+    println!("(the whole run took {:.0} s)", run.elapsed().as_secs_f64());
+}
+
+/// What a backend's store can tell about the load on it.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(all(feature = "etcd", feature = "consul")), allow(dead_code))]
+enum Store {
+    None,
+    Etcd(SocketAddr),
+    Consul(SocketAddr),
+}
+
+/// One row of figures.
+struct Row {
+    backend: &'static str,
+    elections: usize,
+    led: usize,
+    to_all_led: Duration,
+    heap_per: f64,
+    rss_per: f64,
+    idle_cpu_ms_per_s: f64,
+    idle_requests_per_s: f64,
+    shutdown: Duration,
+}
+
+impl Row {
+    fn save(&self, path: &str) {
+        let new = !std::path::Path::new(path).exists();
+        let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        else {
+            println!("  (could not write {path})");
+            return;
+        };
+        if new {
+            let _ = writeln!(
+                f,
+                "backend,elections,led,to_all_led_s,heap_bytes_per_election,rss_bytes_per_election,idle_cpu_ms_per_s,idle_store_requests_per_s,shutdown_s"
+            );
+        }
+        let _ = writeln!(
+            f,
+            "{},{},{},{:.4},{:.0},{:.0},{:.3},{:.2},{:.4}",
+            self.backend,
+            self.elections,
+            self.led,
+            self.to_all_led.as_secs_f64(),
+            self.heap_per,
+            self.rss_per,
+            self.idle_cpu_ms_per_s,
+            self.idle_requests_per_s,
+            self.shutdown.as_secs_f64()
+        );
+    }
+}
+
+fn election<B: Backend>(backend: B, name: String, id: &str, ttl: Duration) -> Election<B> {
+    Election::builder(backend, name)
+        .candidate(id)
+        .ttl(ttl)
+        .backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .build()
+        .expect("valid settings")
+}
+
+/// `count` elections in one process, one candidate identity.
+async fn one_process<B: Backend>(
+    name: &'static str,
+    count: usize,
+    connect: impl Fn() -> B,
+    ttl: Duration,
+    store: Store,
+    args: &Args,
+) -> Row {
+    println!("\n## {name}: {count} elections in one process (ttl {ttl:?})");
+    trim();
+    let rss_before = rss_bytes();
+    let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
+    let blocks_before = blocks();
+    let start = Instant::now();
+    let campaigns: Vec<Campaign> = (0..count)
+        .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
+        .collect();
+    let led = until_roles(&campaigns, |leaders, _| leaders == count, STEP_LIMIT).await;
+    let to_all_led = start.elapsed();
+    println!(
+        "  {led} of {count} led in {:.3} s",
+        to_all_led.as_secs_f64()
+    );
+    // Settle: the leaders' marks written, their watches in place.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    trim();
+    let heap_per = (LIVE_BYTES.load(Ordering::Relaxed) - heap_before) as f64 / count as f64;
+    let rss_per = rss_bytes().saturating_sub(rss_before) as f64 / count as f64;
+    println!("  settled: live heap {heap_per:.0} B per election, RSS {rss_per:.0} B per election");
+    where_the_bytes_go(&blocks_before, count);
+
+    let before = store_counters(store).await;
+    let cpu_before = cpu_time();
+    tokio::time::sleep(args.idle).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let after = store_counters(store).await;
+    let idle_cpu_ms_per_s = cpu.as_secs_f64() * 1e3 / args.idle.as_secs_f64();
+    let requests = diff(&before, &after);
+    let total: f64 = requests.values().sum();
+    let idle_requests_per_s = total / args.idle.as_secs_f64();
+    println!(
+        "  idle {:?}: {idle_cpu_ms_per_s:.2} ms CPU per s; store received {total:.0} requests \
+         ({idle_requests_per_s:.2}/s){}",
+        args.idle,
+        describe(&requests)
+    );
+    if let Store::Consul(addr) = store {
+        println!(
+            "  blocking queries open on the agent (TCP connections to it): {}",
+            connections_to(addr)
+        );
+    }
+    if let Store::Etcd(addr) = store {
+        print_etcd_gauges(addr).await;
+    }
+    let stopping = Instant::now();
+    stop_all(campaigns).await;
+    let shutdown = stopping.elapsed();
+    println!("  shutdown (all released): {:.3} s", shutdown.as_secs_f64());
+    Row {
+        backend: name,
+        elections: count,
+        led,
+        to_all_led,
+        heap_per,
+        rss_per,
+        idle_cpu_ms_per_s,
+        idle_requests_per_s,
+        shutdown,
+    }
+}
+
+/// The size classes that grew most, per election.
+fn where_the_bytes_go(before: &[i64; CLASSES], count: usize) {
+    let now = blocks();
+    let mut grew: Vec<(usize, f64)> = (0..CLASSES)
+        .map(|c| (c, (now[c] - before[c]) as f64 / count as f64))
+        .filter(|(_, per)| *per >= 0.05)
+        .collect();
+    grew.sort_by(|a, b| {
+        let upper = |c: usize| {
+            if c < 64 {
+                (c + 1) * 16
+            } else {
+                1 << (c - 63 + 10)
+            }
+        };
+        (b.1 * upper(b.0) as f64).total_cmp(&(a.1 * upper(a.0) as f64))
+    });
+    let top: Vec<String> = grew
+        .iter()
+        .take(10)
+        .map(|(c, per)| format!("{per:.2} x {}", class_label(*c)))
+        .collect();
+    println!("  live blocks per election, by size: {}", top.join(", "));
+}
+
+/// Waits until `done(leaders, followers)`, or `limit`; returns the leaders then.
+async fn until_roles(
+    campaigns: &[Campaign],
+    done: impl Fn(usize, usize) -> bool,
+    limit: Duration,
+) -> usize {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (mut leaders, mut followers) = (0, 0);
+        for c in campaigns {
+            match c.status().borrow().role {
+                Role::Leader => leaders += 1,
+                Role::Follower => followers += 1,
+                _ => {}
+            }
+        }
+        if done(leaders, followers) || Instant::now() > deadline {
+            return leaders;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn stop_all(campaigns: Vec<Campaign>) {
+    let stopping = campaigns.into_iter().map(|c| tokio::spawn(c.shutdown()));
+    for s in stopping.collect::<Vec<_>>() {
+        let _ = tokio::time::timeout(STEP_LIMIT, s).await;
+    }
+}
+
+fn describe(requests: &BTreeMap<String, f64>) -> String {
+    let parts: Vec<String> = requests
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(k, v)| format!("{k} {v:.0}"))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", parts.join(", "))
+    }
+}
+
+fn diff(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+/// Requests the store has received so far, by kind: etcd's gRPC messages received by method;
+/// Consul's completed HTTP requests by route.
+async fn store_counters(store: Store) -> BTreeMap<String, f64> {
+    match store {
+        Store::None => BTreeMap::new(),
+        Store::Etcd(addr) => {
+            metrics_lines(addr, "/metrics", |name, rest| {
+                (name == "grpc_server_msg_received_total").then(|| label(rest, "grpc_method"))
+            })
+            .await
+        }
+        Store::Consul(addr) => {
+            metrics_lines(addr, "/v1/agent/metrics?format=prometheus", |name, _| {
+                (name.starts_with("consul_http_") && name.ends_with("_count"))
+                    .then(|| name["consul_http_".len()..name.len() - "_count".len()].to_owned())
+            })
+            .await
+        }
+    }
+}
+
+fn label(rest: &str, name: &str) -> String {
+    rest.split_once(&format!("{name}=\""))
+        .and_then(|(_, m)| m.split_once('"'))
+        .map_or("?", |(m, _)| m)
+        .to_owned()
+}
+
+/// Sums the Prometheus samples that `pick` names, by the name it gives.
+async fn metrics_lines(
+    addr: SocketAddr,
+    path: &str,
+    pick: impl Fn(&str, &str) -> Option<String>,
+) -> BTreeMap<String, f64> {
+    let body = support::http::get(addr, path)
+        .await
+        .map(|r| r.body)
+        .unwrap_or_default();
+    let mut sums = BTreeMap::new();
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(p) => p,
+            None => continue,
+        };
+        let (name, rest) = series.split_once('{').unwrap_or((series, ""));
+        if let Some(key) = pick(name, rest) {
+            *sums.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    sums
+}
+
+/// etcd's own gauges: keys, watchers, watch streams.
+async fn etcd_gauges(addr: SocketAddr) -> BTreeMap<String, f64> {
+    const GAUGES: [&str; 4] = [
+        "etcd_debugging_mvcc_keys_total",
+        "etcd_debugging_mvcc_watcher_total",
+        "etcd_debugging_mvcc_watch_stream_total",
+        "etcd_server_proposals_committed_total",
+    ];
+    metrics_lines(addr, "/metrics", |name, _| {
+        GAUGES.contains(&name).then(|| name.to_owned())
+    })
+    .await
+}
+
+async fn print_etcd_gauges(addr: SocketAddr) {
+    let g = etcd_gauges(addr).await;
+    let get = |k: &str| g.get(k).copied().unwrap_or(f64::NAN);
+    println!(
+        "  etcd: {} keys, {} watchers on {} watch streams",
+        get("etcd_debugging_mvcc_keys_total"),
+        get("etcd_debugging_mvcc_watcher_total"),
+        get("etcd_debugging_mvcc_watch_stream_total"),
+    );
+}
+
+/// Established TCP connections from this host to `addr` (this process's, on a test agent).
+fn connections_to(addr: SocketAddr) -> usize {
+    let port = format!("{:04X}", addr.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[2].ends_with(&format!(":{port}")) && f[3] == "01"
+        })
+        .count()
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd_connect(endpoints: &[String]) -> incumbent::etcd::EtcdBackend {
+    incumbent::etcd::EtcdBackend::connect(endpoints.to_vec())
+        .await
+        .expect("connect to etcd")
+}
+
+/// HTTP connections the agent accepts from one client address: each election holds one
+/// blocking query, so one connection, open; Consul's default (200) stops a process at about
+/// 200 elections.
+#[cfg(feature = "consul")]
+const CONSUL_CONNS_PER_CLIENT: usize = 5_000;
+
+/// A `consul agent -dev` that serves its metrics in Prometheus' format, and takes
+/// [`CONSUL_CONNS_PER_CLIENT`] connections from this process.
+#[cfg(feature = "consul")]
+async fn consul_agent() -> (
+    support::process::ServerProcess,
+    SocketAddr,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let telemetry = r#"-hcl=telemetry { prometheus_retention_time = "120s" }"#.to_owned();
+    let limits = format!("-hcl=limits {{ http_max_conns_per_client = {CONSUL_CONNS_PER_CLIENT} }}");
+    let (agent, addr) =
+        support::consul::spawn_dev("consul", dir.path(), &[telemetry, limits]).await;
+    (agent, addr, dir)
+}
+
+#[cfg(feature = "consul")]
+fn consul_connect(url: &str) -> incumbent::consul::ConsulBackend {
+    incumbent::consul::ConsulBackend::new(incumbent::consul::ConsulConfig::new(url))
+        .expect("valid consul settings")
+}
+
+/// `--processes` backends contend for the same `--count` elections.
+#[cfg(feature = "etcd")]
+async fn etcd_followers(args: &Args) {
+    let (p, e) = (args.processes, args.count);
+    println!("\n## etcd-followers: {p} processes x {e} elections, contending (ttl {TTL:?})");
+    let server = support::EtcdServer::single().await;
+    let addr = server.client_addr();
+    let endpoints = server.endpoints();
+    let start_one = |backend: incumbent::etcd::EtcdBackend, id: usize| -> Vec<Campaign> {
+        (0..e)
+            .map(|i| {
+                election(
+                    backend.clone(),
+                    format!("contend/{i}"),
+                    &format!("p{id}"),
+                    TTL,
+                )
+                .campaign()
+            })
+            .collect()
+    };
+    let mut procs = Vec::new();
+    let start = Instant::now();
+    for id in 0..p {
+        procs.push(start_one(etcd_connect(&endpoints).await, id));
+    }
+    let all: Vec<&Campaign> = procs.iter().flatten().collect();
+    let settled = settle(&all, e, p * e - e).await;
+    println!(
+        "  settled in {:.2} s: {settled}; leaders per process: {:?}",
+        start.elapsed().as_secs_f64(),
+        leaders_per_process(&procs)
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    print_etcd_gauges(addr).await;
+    let window = |from: &BTreeMap<String, f64>, to: &BTreeMap<String, f64>, secs: f64| {
+        let d = diff(from, to);
+        let total: f64 = d.values().sum();
+        format!("{:.1} requests/s{}", total / secs, describe(&d))
+    };
+    let before = store_counters(Store::Etcd(addr)).await;
+    let g0 = etcd_gauges(addr).await;
+    tokio::time::sleep(args.idle).await;
+    let after = store_counters(Store::Etcd(addr)).await;
+    let g1 = etcd_gauges(addr).await;
+    let writes = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| {
+        b.get("etcd_server_proposals_committed_total")
+            .unwrap_or(&0.0)
+            - a.get("etcd_server_proposals_committed_total")
+                .unwrap_or(&0.0)
+    };
+    let secs = args.idle.as_secs_f64();
+    println!(
+        "  settled, {:?}: {}; {:.2} writes (proposals committed)/s",
+        args.idle,
+        window(&before, &after, secs),
+        writes(&g0, &g1) / secs
+    );
+
+    // Rolling restart: each process in turn shuts down (releasing its locks), and comes back
+    // with a new connection and lease, then waits until every election has a leader again.
+    let before = store_counters(Store::Etcd(addr)).await;
+    let g0 = etcd_gauges(addr).await;
+    let rolling = Instant::now();
+    let mut peak_watchers = 0.0f64;
+    for id in 0..p {
+        let old = std::mem::take(&mut procs[id]);
+        stop_all(old).await;
+        procs[id] = start_one(etcd_connect(&endpoints).await, id);
+        let all: Vec<&Campaign> = procs.iter().flatten().collect();
+        settle(&all, e, p * e - e).await;
+        let w = etcd_gauges(addr).await;
+        peak_watchers = peak_watchers.max(
+            w.get("etcd_debugging_mvcc_watcher_total")
+                .copied()
+                .unwrap_or(0.0),
+        );
+    }
+    let secs = rolling.elapsed().as_secs_f64();
+    let after = store_counters(Store::Etcd(addr)).await;
+    let g1 = etcd_gauges(addr).await;
+    println!(
+        "  rolling restart of {p} processes took {secs:.1} s: {}; {:.1} writes/s ({:.0} in all, {:.2} per election per restarted process); watchers at most {peak_watchers}",
+        window(&before, &after, secs),
+        writes(&g0, &g1) / secs,
+        writes(&g0, &g1),
+        writes(&g0, &g1) / (e * p) as f64
+    );
+    println!(
+        "  leaders per process after the rolling restart: {:?}",
+        leaders_per_process(&procs)
+    );
+    print_etcd_gauges(addr).await;
+    for campaigns in procs {
+        stop_all(campaigns).await;
+    }
+}
+
+/// Waits until `leaders` lead and `followers` follow (bounded); says how it ended.
+#[cfg(any(feature = "etcd", feature = "consul"))]
+async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
+    let deadline = Instant::now() + STEP_LIMIT;
+    loop {
+        let (mut l, mut f) = (0, 0);
+        for c in all {
+            match c.status().borrow().role {
+                Role::Leader => l += 1,
+                Role::Follower => f += 1,
+                _ => {}
+            }
+        }
+        if (l == leaders && f == followers) || Instant::now() > deadline {
+            return format!("{l} leaders, {f} followers");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(feature = "etcd")]
+fn leaders_per_process(procs: &[Vec<Campaign>]) -> Vec<usize> {
+    procs
+        .iter()
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c.status().borrow().role == Role::Leader)
+                .count()
+        })
+        .collect()
+}
+
+/// Two backends contend for `--count` Consul elections: blocking queries held open.
+#[cfg(feature = "consul")]
+async fn consul_followers(args: &Args) {
+    let e = args.count;
+    println!("\n## consul-followers: 2 processes x {e} elections, contending (ttl {CONSUL_TTL:?})");
+    let (_agent, addr, _dir) = consul_agent().await;
+    let url = format!("http://{addr}");
+    let a = consul_connect(&url);
+    let leaders: Vec<Campaign> = (0..e)
+        .map(|i| election(a.clone(), format!("contend/{i}"), "a", CONSUL_TTL).campaign())
+        .collect();
+    let refs: Vec<&Campaign> = leaders.iter().collect();
+    settle(&refs, e, 0).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let only_leaders = connections_to(addr);
+    let b = consul_connect(&url);
+    let followers: Vec<Campaign> = (0..e)
+        .map(|i| election(b.clone(), format!("contend/{i}"), "b", CONSUL_TTL).campaign())
+        .collect();
+    let refs: Vec<&Campaign> = followers.iter().collect();
+    let state = settle(&refs, 0, e).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let both = connections_to(addr);
+    println!(
+        "  blocking queries open (TCP connections to the agent): {only_leaders} with {e} leaders; \
+         {both} with {e} followers too ({state}): {:.2} per follower",
+        (both - only_leaders) as f64 / e as f64
+    );
+    let before = store_counters(Store::Consul(addr)).await;
+    let cpu_before = cpu_time();
+    tokio::time::sleep(args.idle).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let after = store_counters(Store::Consul(addr)).await;
+    let d = diff(&before, &after);
+    let total: f64 = d.values().sum();
+    println!(
+        "  idle {:?}: {:.2} requests/s completed at the agent{}; {:.2} ms CPU per s; sessions {} + {}",
+        args.idle,
+        total / args.idle.as_secs_f64(),
+        describe(&d),
+        cpu.as_secs_f64() * 1e3 / args.idle.as_secs_f64(),
+        a.session_ids().len(),
+        b.session_ids().len()
+    );
+    stop_all(followers).await;
+    stop_all(leaders).await;
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+/// Returns the allocator's free memory to the system, so that RSS counts what is in use.
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// User + system CPU time of this process.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes into the struct we hand it.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let micros = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    Duration::from_micros(micros(usage.ru_utime) + micros(usage.ru_stime))
+}
