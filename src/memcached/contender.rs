@@ -39,11 +39,12 @@ fn value_of(leader: &Leader, fencing_token: FencingToken, owner: &str) -> Vec<u8
 /// - [`lost`](Contender::lost) resolves when the session's renewal finds the key gone or
 ///   another's, or when the session is lost; [`explain`](Contender::explain) tells a deleted
 ///   key from a memcached that lost its data (the counter gone or below our token).
-/// - [`release`](Contender::release) is a checked delete. For four poll intervals after it,
-///   `acquire` of the free key by this backend's other contenders returns
-///   [`Attempt::Delayed`] (unless they were following it, and woken by the release): the
-///   followers in other processes poll, and without it a resigning leader's campaign would
-///   win its own lock back every time.
+/// - [`release`](Contender::release) is a checked delete. For
+///   [`COURTESY_POLLS`](super::COURTESY_POLLS) poll intervals after it, `acquire` of the free
+///   key by contenders of the session handle that released it (the resigning campaign's)
+///   returns [`Attempt::Delayed`]: the followers in other processes poll, and without it a
+///   resigning leader's campaign would win its own lock back every time. Every other
+///   campaign, in this process too, may take it at once.
 pub struct MemcachedContender {
     backend: MemcachedBackend,
     session: Arc<Shared>,
@@ -57,9 +58,9 @@ pub struct MemcachedContender {
     loss: Option<watch::Receiver<Option<LockLoss>>>,
     /// Releases of the key by this backend's contenders.
     wake: watch::Receiver<u64>,
-    /// Whether the last `wait` was ended by a release in this backend: such a follower is
-    /// the one the release hands the lock to.
-    woken: bool,
+    /// The session handle (one per campaign) this contender came from: after it released
+    /// the key, that handle's contenders leave the key to others for a while.
+    handle: u64,
     /// When the pending poll of `wait` is due.
     poll_at: Option<tokio::time::Instant>,
 }
@@ -81,6 +82,7 @@ impl MemcachedContender {
         key: String,
         counter: String,
         candidate: Candidate,
+        handle: u64,
     ) -> Self {
         let owner = format!(
             "{}/{}",
@@ -100,7 +102,7 @@ impl MemcachedContender {
             last: None,
             loss: None,
             wake,
-            woken: false,
+            handle,
             poll_at: None,
         }
     }
@@ -152,14 +154,12 @@ impl Contender for MemcachedContender {
             self.forget();
         }
         let client = self.backend.client();
-        let woken = std::mem::take(&mut self.woken);
         if current.is_none()
-            && !woken
-            && let Some(until) = self.backend.courtesy(&self.key)
+            && let Some(until) = self.backend.courtesy(&self.key, self.handle)
         {
-            // We released the lock a moment ago: the followers in other processes poll, and
-            // would lose the race to our own retry every time. Our next attempt comes after
-            // their poll, so a release hands the lock on.
+            // Our campaign released the lock a moment ago: the followers in other processes
+            // poll, and would lose the race to our own retry every time. Our next attempt
+            // comes after their poll, so a release hands the lock on.
             return Ok(Attempt::Delayed { until });
         }
         if let Some(item) = current {
@@ -232,7 +232,7 @@ impl Contender for MemcachedContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        self.woken = self.backend.pause(&mut self.wake, &mut self.poll_at).await;
+        self.backend.pause(&mut self.wake, &mut self.poll_at).await;
         Ok(())
     }
 
@@ -328,7 +328,7 @@ impl Contender for MemcachedContender {
         }
         let released = release(&self.backend, &self.key, &self.value).await;
         self.forget();
-        self.backend.courtesy_from_now(&self.key);
+        self.backend.courtesy_from_now(&self.key, self.handle);
         self.backend.released(&self.key);
         released
     }
@@ -378,7 +378,7 @@ impl Observer for MemcachedObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
             if self.last.is_some() {
-                let _ = self.backend.pause(&mut self.wake, &mut self.poll_at).await;
+                self.backend.pause(&mut self.wake, &mut self.poll_at).await;
             }
             self.wake.borrow_and_update();
             let item = self.backend.client().get(&self.key).await?;

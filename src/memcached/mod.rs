@@ -97,9 +97,9 @@ pub const MIN_TTL: Duration = Duration::from_secs(2);
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
 /// How often followers poll unless [`MemcachedBuilder::poll_interval`] says otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// After a release by a contender of a backend whose followers poll, how many poll intervals
-/// the backend's other contenders leave the free key to followers in other processes (which
-/// would otherwise lose the race to the resigning campaign's own retry).
+/// After a release, how many poll intervals the campaign that released the key (the session
+/// handle its contender came from) leaves it to followers in other processes, which would
+/// otherwise lose the race to its own retry.
 pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`MemcachedBuilder::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -207,8 +207,9 @@ struct Inner {
     /// Bumped per key when a contender of this backend releases it: followers in this
     /// process wake at once instead of at their next poll.
     released: Mutex<HashMap<String, watch::Sender<u64>>>,
-    /// Per key released by this backend, until when it is left to the others.
-    courtesy: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Per key released by this backend: until when the session handle that released it
+    /// leaves it to the others.
+    courtesy: Mutex<HashMap<String, (tokio::time::Instant, u64)>>,
 }
 
 impl fmt::Debug for MemcachedBackend {
@@ -283,7 +284,7 @@ impl MemcachedBackend {
     }
 
     /// Sleeps for the jittered poll interval, or until a contender of this backend
-    /// releases the key `wake` follows; whether a release ended it.
+    /// releases the key `wake` follows.
     ///
     /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
     /// campaign drops a follower's `wait` when an observer reports a change, and calls it
@@ -292,7 +293,7 @@ impl MemcachedBackend {
         &self,
         wake: &mut watch::Receiver<u64>,
         poll_at: &mut Option<tokio::time::Instant>,
-    ) -> bool {
+    ) {
         let at = *poll_at.get_or_insert_with(|| {
             tokio::time::Instant::now()
                 + self
@@ -300,27 +301,30 @@ impl MemcachedBackend {
                     .poll_interval
                     .mul_f64(0.75 + fastrand::f64() * 0.5)
         });
-        let released = tokio::select! {
-            changed = wake.changed() => changed.is_ok(),
-            () = tokio::time::sleep_until(at) => false,
-        };
+        tokio::select! {
+            _ = wake.changed() => {}
+            () = tokio::time::sleep_until(at) => {}
+        }
         *poll_at = None;
-        released
     }
 
-    /// Starts the courtesy after a release of `key`: four poll intervals during which this
-    /// backend's contenders that were not following it leave it to the others.
-    fn courtesy_from_now(&self, key: &str) {
+    /// Starts the courtesy after a contender of session handle `handle` released `key`:
+    /// [`COURTESY_POLLS`] poll intervals during which that handle's contenders leave it to
+    /// the others.
+    fn courtesy_from_now(&self, key: &str, handle: u64) {
         let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
-        lock(&self.inner.courtesy).insert(key.to_owned(), until);
+        lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
     }
 
-    /// The end of the courtesy for `key`, while it runs.
-    fn courtesy(&self, key: &str) -> Option<tokio::time::Instant> {
+    /// The end of the courtesy for `key`, while it runs and holds `handle` back.
+    fn courtesy(&self, key: &str, handle: u64) -> Option<tokio::time::Instant> {
         let mut courtesy = lock(&self.inner.courtesy);
         let now = tokio::time::Instant::now();
-        courtesy.retain(|_, until| *until > now);
-        courtesy.get(key).copied()
+        courtesy.retain(|_, (until, _)| *until > now);
+        courtesy
+            .get(key)
+            .filter(|(_, releaser)| *releaser == handle)
+            .map(|(until, _)| *until)
     }
 }
 

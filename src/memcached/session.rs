@@ -2,6 +2,7 @@
 //! elections hold.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -14,6 +15,9 @@ use crate::Result;
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::pool::{self, Poolable};
 use crate::backend::{Candidate, LockLoss, Session, SessionHealth, SessionOptions, lock};
+
+/// Numbers the session handles of this process.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0);
 
 /// A key held by one contender of the session.
 pub(super) struct Held {
@@ -90,6 +94,8 @@ pub(super) async fn release(backend: &MemcachedBackend, key: &str, value: &[u8])
 /// Closing (or dropping) the last handle deletes the keys it still holds.
 pub struct MemcachedSession {
     shared: pool::Shared<Shared>,
+    /// Tells this handle (one campaign's) apart from the others on the same session.
+    handle: u64,
 }
 
 impl std::fmt::Debug for MemcachedSession {
@@ -109,7 +115,10 @@ pub(super) async fn open(
         .sessions
         .join(options, || create(backend, options))
         .await?;
-    Ok(MemcachedSession { shared })
+    Ok(MemcachedSession {
+        shared,
+        handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+    })
 }
 
 async fn create(backend: &MemcachedBackend, options: &SessionOptions) -> Result<Shared> {
@@ -196,6 +205,7 @@ impl Session for MemcachedSession {
             backend.key(election),
             backend.counter_key(election),
             candidate.clone(),
+            self.handle,
         ))
     }
 

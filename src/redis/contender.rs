@@ -67,10 +67,12 @@ return 0
 ///   ([`LockLoss::Deleted`]) or another's ([`LockLoss::Taken`]), or when the session is lost.
 ///   [`explain`](Contender::explain) tells a vanished key from a Redis that lost its data.
 /// - [`release`](Contender::release) deletes the key if it still holds our value, and wakes
-///   this backend's followers of it. While followers poll (notifications off), the other
-///   contenders of this backend that were not following it leave the free key alone for two
-///   poll intervals ([`Attempt::Delayed`]): followers in other processes poll, and without
-///   it a resigning leader's campaign would win its own lock back every time.
+///   this backend's followers of it. While followers poll (notifications off), the contenders
+///   of the session handle that released it (the resigning campaign's) leave the free key
+///   alone for [`COURTESY_POLLS`](super::COURTESY_POLLS) poll intervals
+///   ([`Attempt::Delayed`]): followers in other processes poll, and without it a resigning
+///   leader's campaign would win its own lock back every time. Every other campaign, in this
+///   process too, may take it at once.
 pub struct RedisContender {
     backend: RedisBackend,
     session: Arc<Shared>,
@@ -92,9 +94,9 @@ pub struct RedisContender {
     wake: Option<watch::Receiver<u64>>,
     /// Releases of the key by this backend's contenders.
     local: watch::Receiver<u64>,
-    /// Whether the last `wait` was ended by a release in this backend: such a follower is
-    /// the one the release hands the lock to.
-    woken: bool,
+    /// The session handle (one per campaign) this contender came from: after it released
+    /// the key, that handle's contenders leave the key to others for a while.
+    handle: u64,
     /// When the pending poll of `wait` is due.
     poll_at: Option<tokio::time::Instant>,
 }
@@ -133,6 +135,7 @@ impl RedisContender {
         key: String,
         counter: String,
         candidate: Candidate,
+        handle: u64,
     ) -> Self {
         let owner = format!(
             "{}/{}",
@@ -154,7 +157,7 @@ impl RedisContender {
             loss: None,
             wake,
             local,
-            woken: false,
+            handle,
             poll_at: None,
         }
     }
@@ -191,7 +194,6 @@ impl Contender for RedisContender {
             wake.borrow_and_update();
         }
         self.local.borrow_and_update();
-        let woken = std::mem::take(&mut self.woken);
         if let Some(fencing_token) = self.held {
             if self.get().await?.as_deref() == Some(self.value.as_str()) {
                 return Ok(Attempt::Won { fencing_token });
@@ -203,8 +205,8 @@ impl Contender for RedisContender {
             fencing_token: None,
             since_unix_ms: Some(unix_ms_now()),
         };
-        if !woken && let Some(until) = self.backend.courtesy(&self.key) {
-            // This backend released the lock a moment ago and followers poll: those in other
+        if let Some(until) = self.backend.courtesy(&self.key, self.handle) {
+            // Our campaign released the lock a moment ago and followers poll: those in other
             // processes would lose the race to our own retry every time.
             return Ok(Attempt::Delayed { until });
         }
@@ -265,8 +267,7 @@ impl Contender for RedisContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        self.woken = self
-            .backend
+        self.backend
             .pause(&mut self.wake, &mut self.local, &mut self.poll_at)
             .await;
         Ok(())
@@ -365,7 +366,7 @@ impl Contender for RedisContender {
             .await
             .map_err(from_redis);
         self.forget();
-        self.backend.released(&self.key);
+        self.backend.released(&self.key, self.handle);
         released.map(drop)
     }
 }

@@ -149,8 +149,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often followers poll while keyspace notifications are on, in case one was lost.
 pub const SAFETY_NET_POLL: Duration = Duration::from_secs(5);
 /// After a release by a contender of a backend whose followers poll, how many poll intervals
-/// the backend's other contenders leave the free key to followers in other processes (which
-/// would otherwise lose the race to the resigning campaign's own retry).
+/// the campaign that released the key (the session handle its contender came from) leaves
+/// it to followers in other processes, which would otherwise lose the race to its own retry.
 pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`RedisConfig::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -411,9 +411,9 @@ struct Inner {
     /// Bumped per key when a contender of this backend releases it: followers in this
     /// process wake at once, whatever the notifications.
     released: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
-    /// Per key released by this backend while followers poll, until when it is left to the
-    /// others.
-    courtesy: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Per key released by this backend while followers poll: until when the session handle
+    /// that released it leaves it to the others.
+    courtesy: Mutex<HashMap<String, (tokio::time::Instant, u64)>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -501,10 +501,10 @@ impl RedisBackend {
             .subscribe()
     }
 
-    /// After a contender of this backend released `key`: wakes this backend's followers of
-    /// it, and while followers poll, leaves the key to the others for four poll intervals
-    /// (see [`RedisContender`]).
-    fn released(&self, key: &str) {
+    /// After a contender of session handle `handle` released `key`: wakes this backend's
+    /// followers of it, and while followers poll, keeps that handle's contenders off the key
+    /// for [`COURTESY_POLLS`] poll intervals (see [`RedisContender`]).
+    fn released(&self, key: &str, handle: u64) {
         {
             let mut released = lock(&self.inner.released);
             if let Some(sender) = released.get(key) {
@@ -517,20 +517,23 @@ impl RedisBackend {
         }
         if self.inner.notifier.is_none() {
             let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
-            lock(&self.inner.courtesy).insert(key.to_owned(), until);
+            lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
         }
     }
 
-    /// The end of the courtesy for `key`, while it runs.
-    fn courtesy(&self, key: &str) -> Option<tokio::time::Instant> {
+    /// The end of the courtesy for `key`, while it runs and holds `handle` back.
+    fn courtesy(&self, key: &str, handle: u64) -> Option<tokio::time::Instant> {
         let mut courtesy = lock(&self.inner.courtesy);
         let now = tokio::time::Instant::now();
-        courtesy.retain(|_, until| *until > now);
-        courtesy.get(key).copied()
+        courtesy.retain(|_, (until, _)| *until > now);
+        courtesy
+            .get(key)
+            .filter(|(_, releaser)| *releaser == handle)
+            .map(|(until, _)| *until)
     }
 
     /// Sleeps until the next poll, a notification for the key, or a release of it by this
-    /// backend; whether the release ended it.
+    /// backend.
     ///
     /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
     /// campaign drops a follower's `wait` when an observer reports a change, and calls it
@@ -540,7 +543,7 @@ impl RedisBackend {
         wake: &mut Option<tokio::sync::watch::Receiver<u64>>,
         local: &mut tokio::sync::watch::Receiver<u64>,
         poll_at: &mut Option<tokio::time::Instant>,
-    ) -> bool {
+    ) {
         let at = *poll_at.get_or_insert_with(|| tokio::time::Instant::now() + self.poll_pause());
         let pause = tokio::time::sleep_until(at);
         tokio::pin!(pause);
@@ -554,13 +557,12 @@ impl RedisBackend {
                 std::future::pending::<()>().await;
             }
         };
-        let released = tokio::select! {
-            changed = local.changed() => changed.is_ok(),
-            () = notified => false,
-            () = &mut pause => false,
-        };
+        tokio::select! {
+            _ = local.changed() => {}
+            () = notified => {}
+            () = &mut pause => {}
+        }
         *poll_at = None;
-        released
     }
 }
 

@@ -2,6 +2,7 @@
 //! elections hold.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use ::redis::Script;
@@ -49,6 +50,9 @@ return 0
 ",
     )
 });
+
+/// Numbers the session handles of this process.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0);
 
 /// A key held by one contender of the session.
 pub(super) struct Held {
@@ -116,6 +120,8 @@ impl Poolable for Shared {
 /// deletes the keys it still holds.
 pub struct RedisSession {
     shared: pool::Shared<Shared>,
+    /// Tells this handle (one campaign's) apart from the others on the same session.
+    handle: u64,
 }
 
 impl std::fmt::Debug for RedisSession {
@@ -133,7 +139,10 @@ pub(super) async fn open(backend: &RedisBackend, options: &SessionOptions) -> Re
         .sessions
         .join(options, || create(backend, options))
         .await?;
-    Ok(RedisSession { shared })
+    Ok(RedisSession {
+        shared,
+        handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+    })
 }
 
 /// Checks that Redis answers, and starts the renewals.
@@ -229,6 +238,7 @@ impl Session for RedisSession {
             backend.key(election),
             backend.counter_key(election),
             candidate.clone(),
+            self.handle,
         ))
     }
 
