@@ -114,44 +114,35 @@
 //! `redis` crate's rustls support needs one process-wide crypto provider, which this crate's
 //! other TLS dependencies make ambiguous.
 
-mod contender;
 mod notify;
-mod observer;
-mod session;
+mod store;
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
 
-pub use contender::RedisContender;
-pub use observer::RedisObserver;
-pub use session::RedisSession;
-
-use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, SessionOptions, Wakeup, lock};
+use crate::backend::polled::{
+    self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
+};
+pub use crate::backend::polled::{COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX};
+use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
+use store::{RedisStore, Settings};
+
+/// Settings for a [`RedisBackend`] beyond the connection's: made by
+/// [`RedisBackend::builder`], finished by [`connect`](RedisBuilder::connect).
+pub type RedisBuilder = PolledBuilder<Settings>;
 
 const NAME: &str = "redis";
 
-/// The key prefix under which elections live unless [`RedisBuilder::prefix`] says otherwise.
-pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// The smallest ttl: renewals every third of it must fit in, with a few round trips.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// The largest ttl: a day.
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
-/// How often followers poll when keyspace notifications are off, unless
-/// [`RedisBuilder::poll_interval`] says otherwise.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often followers poll while keyspace notifications are on, in case one was lost.
 pub const SAFETY_NET_POLL: Duration = Duration::from_secs(5);
-/// After a release by a contender of a backend whose followers poll, how many poll intervals
-/// the campaign that released the key (the session handle its contender came from) leaves
-/// it to followers in other processes, which would otherwise lose the race to its own retry.
-pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`RedisConfig::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -269,35 +260,10 @@ pub enum Notifications {
     Off,
 }
 
-/// Settings for a [`RedisBackend`] beyond the connection's: made by
-/// [`RedisBackend::builder`], finished by [`connect`](RedisBuilder::connect).
-#[derive(Clone, Debug)]
-pub struct RedisBuilder {
-    config: RedisConfig,
-    prefix: String,
-    poll_interval: Duration,
-    notifications: Notifications,
-}
-
-impl RedisBuilder {
-    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`]): the election
-    /// `jobs/a` lives at `<prefix>jobs/a`, its fencing counter at `<prefix>jobs/a:fencing`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How often followers poll when keyspace notifications are off (default
-    /// [`DEFAULT_POLL_INTERVAL`]), jittered by ±25 %. A hand-off then takes about half of it
-    /// on average; each follower sends one `EVALSHA` per poll.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
+impl PolledBuilder<Settings> {
     /// Whether followers use keyspace notifications; default [`Notifications::Auto`].
     pub fn notifications(mut self, notifications: Notifications) -> Self {
-        self.notifications = notifications;
+        self.store.notifications = notifications;
         self
     }
 
@@ -307,12 +273,7 @@ impl RedisBuilder {
     /// [`Error::Unauthorized`] for refused credentials, [`Error::Unavailable`] when the
     /// server cannot be reached.
     pub async fn connect(self) -> Result<RedisBackend> {
-        if self.poll_interval.is_zero() {
-            return Err(Error::InvalidConfig {
-                backend: NAME,
-                reason: "the poll interval must be above zero (e.g. 500ms)".into(),
-            });
-        }
+        self.check_poll(NAME)?;
         if self.prefix.contains(['?', '#', '*', '[', ']', '\\']) {
             return Err(Error::InvalidConfig {
                 backend: NAME,
@@ -323,10 +284,14 @@ impl RedisBuilder {
                 ),
             });
         }
-        let client = self.config.client()?;
+        let Settings {
+            config,
+            notifications,
+        } = self.store;
+        let client = config.client()?;
         let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.config.timeout))
-            .set_response_timeout(Some(self.config.timeout))
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
             .set_number_of_retries(1);
         let mut conn = client
             .get_connection_manager_with_config(manager)
@@ -336,7 +301,7 @@ impl RedisBuilder {
             .query_async(&mut conn)
             .await
             .map_err(from_redis)?;
-        let notifier = match self.notifications {
+        let notifier = match notifications {
             Notifications::Off => {
                 tracing::info!(
                     poll = ?self.poll_interval,
@@ -348,41 +313,38 @@ impl RedisBuilder {
                 notify::start(
                     &client,
                     &mut conn,
-                    self.config.db,
+                    config.db,
                     &self.prefix,
                     mode == Notifications::Auto,
-                    self.config.timeout,
+                    config.timeout,
                 )
                 .await
             }
         };
-        let wakeup = match notifier {
+        let (wakeup, poll) = match notifier {
             Some(_) => {
                 tracing::info!(
                     safety_net = ?SAFETY_NET_POLL,
                     "redis: followers wake on keyspace notifications"
                 );
-                Wakeup::Push
+                (Wakeup::Push, SAFETY_NET_POLL)
             }
             None => {
                 tracing::info!(poll = ?self.poll_interval, "redis: followers poll");
-                Wakeup::Poll(self.poll_interval)
+                (Wakeup::Poll(self.poll_interval), self.poll_interval)
             }
         };
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                config: self.config,
-                conn,
-                prefix: self.prefix,
-                poll_interval: self.poll_interval,
-                wakeup,
-                notifier,
-                sessions: SessionPool::default(),
-                seen: Mutex::new(HashMap::new()),
-                released: Mutex::new(HashMap::new()),
-                courtesy: Mutex::new(HashMap::new()),
-            }),
-        })
+        let info = BackendInfo {
+            min_ttl: MIN_TTL,
+            max_ttl: MAX_TTL,
+            ..polled::info(NAME, wakeup)
+        };
+        let store = RedisStore {
+            config,
+            conn,
+            notifier,
+        };
+        Ok(PolledBackend::new(store, self.prefix, poll, info))
     }
 }
 
@@ -392,41 +354,9 @@ impl RedisBuilder {
 ///
 /// `Debug` output shows the address, database, user name and prefix, never the password.
 /// See the [module docs](self) for how elections work on Redis, and what they cannot survive.
-#[derive(Clone)]
-pub struct RedisBackend {
-    inner: Arc<Inner>,
-}
+pub type RedisBackend = PolledBackend<RedisStore>;
 
-struct Inner {
-    config: RedisConfig,
-    conn: ConnectionManager,
-    prefix: String,
-    poll_interval: Duration,
-    wakeup: Wakeup,
-    /// The keyspace notifications, when they are on.
-    notifier: Option<notify::Notifier>,
-    sessions: SessionPool<session::Shared>,
-    /// The highest fencing token seen per election key, the floor of the next acquisition.
-    seen: Mutex<HashMap<String, u64>>,
-    /// Bumped per key when a contender of this backend releases it: followers in this
-    /// process wake at once, whatever the notifications.
-    released: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
-    /// Per key released by this backend while followers poll: until when the session handle
-    /// that released it leaves it to the others.
-    courtesy: Mutex<HashMap<String, (tokio::time::Instant, u64)>>,
-}
-
-impl fmt::Debug for RedisBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBackend")
-            .field("config", &self.inner.config)
-            .field("prefix", &self.inner.prefix)
-            .field("wakeup", &self.inner.wakeup)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedisBackend {
+impl PolledBackend<RedisStore> {
     /// The server at `address` (`host:port`), database 0, without credentials, default
     /// settings. See [`RedisBuilder::connect`] for the errors.
     pub async fn connect(address: impl Into<String>) -> Result<RedisBackend> {
@@ -435,159 +365,29 @@ impl RedisBackend {
 
     /// Starts configuring a backend on the server described by `config`.
     pub fn builder(config: RedisConfig) -> RedisBuilder {
-        RedisBuilder {
+        PolledBuilder::new(Settings {
             config,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            poll_interval: DEFAULT_POLL_INTERVAL,
             notifications: Notifications::Auto,
-        }
-    }
-
-    /// The key of `election`: `<prefix><election>`.
-    pub fn key(&self, election: &str) -> String {
-        format!("{}{election}", self.inner.prefix)
-    }
-
-    /// The fencing counter of `election`: `<prefix><election>:fencing`.
-    pub fn counter_key(&self, election: &str) -> String {
-        format!("{}{election}:fencing", self.inner.prefix)
-    }
-
-    /// The ids of the sessions this backend keeps alive now (process-local, random), for
-    /// tooling and tests.
-    pub fn session_ids(&self) -> Vec<String> {
-        let sessions = self.inner.sessions.sessions();
-        sessions.iter().map(|shared| shared.id.clone()).collect()
+        })
     }
 
     /// Whether followers wake on keyspace notifications (else they poll).
     pub fn notifications_active(&self) -> bool {
-        self.inner.notifier.is_some()
-    }
-
-    fn conn(&self) -> ConnectionManager {
-        self.inner.conn.clone()
-    }
-
-    /// Notes a token seen for `key`; returns the highest seen so far.
-    fn saw(&self, key: &str, token: Option<u64>) -> u64 {
-        let mut seen = lock(&self.inner.seen);
-        let highest = seen.entry(key.to_owned()).or_insert(0);
-        if let Some(token) = token {
-            *highest = (*highest).max(token);
-        }
-        *highest
-    }
-
-    /// A wake-up for changes of `key`, when notifications are on.
-    fn subscribe(&self, key: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.notifier.as_ref().map(|n| n.subscribe(key))
-    }
-
-    /// The jittered pause between two polls of a follower.
-    fn poll_pause(&self) -> Duration {
-        let base = match self.inner.notifier {
-            Some(_) => SAFETY_NET_POLL,
-            None => self.inner.poll_interval,
-        };
-        base.mul_f64(0.75 + fastrand::f64() * 0.5)
-    }
-
-    /// Changes whenever a contender of this backend releases `key`.
-    fn releases(&self, key: &str) -> tokio::sync::watch::Receiver<u64> {
-        lock(&self.inner.released)
-            .entry(key.to_owned())
-            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
-            .subscribe()
-    }
-
-    /// After a contender of session handle `handle` released `key`: wakes this backend's
-    /// followers of it, and while followers poll, keeps that handle's contenders off the key
-    /// for [`COURTESY_POLLS`] poll intervals (see [`RedisContender`]).
-    fn released(&self, key: &str, handle: u64) {
-        {
-            let mut released = lock(&self.inner.released);
-            if let Some(sender) = released.get(key) {
-                if sender.receiver_count() == 0 {
-                    released.remove(key);
-                } else {
-                    sender.send_modify(|n| *n = n.wrapping_add(1));
-                }
-            }
-        }
-        if self.inner.notifier.is_none() {
-            let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
-            lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
-        }
-    }
-
-    /// The end of the courtesy for `key`, while it runs and holds `handle` back.
-    fn courtesy(&self, key: &str, handle: u64) -> Option<tokio::time::Instant> {
-        let mut courtesy = lock(&self.inner.courtesy);
-        let now = tokio::time::Instant::now();
-        courtesy.retain(|_, (until, _)| *until > now);
-        courtesy
-            .get(key)
-            .filter(|(_, releaser)| *releaser == handle)
-            .map(|(until, _)| *until)
-    }
-
-    /// Sleeps until the next poll, a notification for the key, or a release of it by this
-    /// backend.
-    ///
-    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
-    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
-    /// again): the poll keeps its pace instead of starting over.
-    async fn pause(
-        &self,
-        wake: &mut Option<tokio::sync::watch::Receiver<u64>>,
-        local: &mut tokio::sync::watch::Receiver<u64>,
-        poll_at: &mut Option<tokio::time::Instant>,
-    ) {
-        let at = *poll_at.get_or_insert_with(|| tokio::time::Instant::now() + self.poll_pause());
-        let pause = tokio::time::sleep_until(at);
-        tokio::pin!(pause);
-        let notified = async {
-            let changed = match wake {
-                Some(wake) => wake.changed().await.is_ok(),
-                None => false,
-            };
-            if !changed {
-                // No notifications, or the notifier is gone: only the poll.
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            _ = local.changed() => {}
-            () = notified => {}
-            () = &mut pause => {}
-        }
-        *poll_at = None;
+        self.store().notifier.is_some()
     }
 }
 
-impl Backend for RedisBackend {
-    type Session = RedisSession;
-    type Observer = RedisObserver;
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: self.inner.wakeup,
-            renew_divisor: 3,
-        }
-    }
-
-    async fn open_session(&self, options: &SessionOptions) -> Result<RedisSession> {
-        session::open(self, options).await
-    }
-
-    async fn observe(&self, election: &str) -> Result<RedisObserver> {
-        Ok(RedisObserver::new(self.clone(), self.key(election)))
-    }
-}
+/// A session on Redis: process-local, alive as long as one script renews every key its
+/// elections hold, every renew interval. Closing (or dropping) the last handle deletes the
+/// keys it still holds.
+pub type RedisSession = PolledSession<RedisStore>;
+/// One session's claim on one Redis election, the key `<prefix><election>`: taken by one
+/// script (`INCR` of the counter and `SET NX PX` of the key, atomically); see the
+/// [module docs](self).
+pub type RedisContender = PolledContender<RedisStore>;
+/// Follows the holder of one Redis election: a `GET` of its key at each keyspace
+/// notification for it (when they are on) or jittered poll.
+pub type RedisObserver = PolledObserver<RedisStore>;
 
 /// Maps a `redis` crate error: refused credentials, an unreachable server, or anything else.
 fn from_redis(error: RedisError) -> Error {
