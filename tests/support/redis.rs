@@ -1,7 +1,9 @@
 //! A Redis server on loopback, without persistence, in a temp dir.
 
 use std::io::{Read, Write};
+use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,9 +14,56 @@ use super::bin::find_binary;
 use super::net::free_addr;
 use super::process::{Probe, ServerProcess};
 
+/// Marks a [`TextServer`] that runs Redis.
+pub struct Redis;
+
 /// A `redis-server` on a free loopback port, keeping no data (no RDB, no AOF): a restart
 /// comes back empty. Killed on drop.
-pub struct RedisServer {
+pub type RedisServer = TextServer<Redis>;
+
+impl TextServer<Redis> {
+    /// Starts a server without keyspace notifications (Redis's default) and waits until it
+    /// answers `PING`.
+    pub async fn start() -> Self {
+        Self::redis(None).await
+    }
+
+    /// Starts a server that publishes keyspace notifications for generic commands, string
+    /// commands and expiries (`notify-keyspace-events Kg$x`).
+    pub async fn with_notifications() -> Self {
+        Self::redis(Some("Kg$x")).await
+    }
+
+    async fn redis(notifications: Option<&str>) -> Self {
+        let args = |addr: SocketAddr, dir: &Path| {
+            let mut args: Vec<String> = vec![
+                "--port".into(),
+                addr.port().to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--save".into(),
+                String::new(),
+                "--appendonly".into(),
+                "no".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+            ];
+            if let Some(flags) = notifications {
+                args.extend(["--notify-keyspace-events".into(), flags.into()]);
+            }
+            args
+        };
+        let server = TextServer::spawn("redis", "redis-server", args, b"PING\r\n", |body| {
+            body.starts_with("+PONG")
+        });
+        server.await
+    }
+}
+
+/// A server that speaks a text protocol (`K`: Redis, memcached) on a free loopback port, in
+/// a temp dir, killed on drop.
+pub struct TextServer<K> {
+    kind: PhantomData<K>,
     process: ServerProcess,
     addr: SocketAddr,
     _probe: TextProbe,
@@ -22,55 +71,38 @@ pub struct RedisServer {
     _dir: TempDir,
 }
 
-impl RedisServer {
-    /// Starts a server without keyspace notifications (Redis's default) and waits until it
-    /// answers `PING`.
-    pub async fn start() -> Self {
-        Self::spawn(None).await
-    }
-
-    /// Starts a server that publishes keyspace notifications for generic commands, string
-    /// commands and expiries (`notify-keyspace-events Kg$x`).
-    pub async fn with_notifications() -> Self {
-        Self::spawn(Some("Kg$x")).await
-    }
-
-    async fn spawn(notifications: Option<&str>) -> Self {
+impl<K> TextServer<K> {
+    /// Starts `binary` (looked up on PATH) with the arguments `args` gives for its address
+    /// and temp dir, and waits until its answer to `request` passes `ready`.
+    pub async fn spawn(
+        name: &'static str,
+        binary: &str,
+        args: impl FnOnce(SocketAddr, &Path) -> Vec<String>,
+        request: &'static [u8],
+        ready: fn(&str) -> bool,
+    ) -> Self {
         let dir = tempfile::Builder::new()
-            .prefix("incumbent-redis-")
+            .prefix(&format!("incumbent-{name}-"))
             .tempdir()
-            .expect("create redis temp dir");
-        let redis = find_binary("redis-server");
+            .expect("create the server's temp dir");
+        let binary = find_binary(binary);
         let addr = free_addr();
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            addr.port().to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
-            "--dir".into(),
-            dir.path().display().to_string(),
-        ];
-        if let Some(flags) = notifications {
-            args.extend(["--notify-keyspace-events".into(), flags.into()]);
-        }
-        let probe = TextProbe::start(addr, b"PING\r\n");
+        let args = args(addr, dir.path());
+        let probe = TextProbe::start(addr, request);
         let mut process = ServerProcess::spawn(
-            "redis",
-            redis,
+            name,
+            binary,
             args,
             dir.path(),
             Probe::Http {
                 addr: probe.addr,
                 path: "/",
-                check: |body| body.starts_with("+PONG"),
+                check: ready,
             },
         );
         process.wait_ready().await;
-        RedisServer {
+        TextServer {
+            kind: PhantomData,
             process,
             addr,
             _probe: probe,
