@@ -107,12 +107,18 @@
 //! # Options and URLs
 //!
 //! [`RedisConfig`] sets the address, database, user and password (ACL, `AUTH`; never shown
-//! by `Debug` or in logs) and the response timeout. The URL form for the CLI and
-//! [`BackendUrl`](crate::url::BackendUrl) is `redis://host:port[/db]`, with credentials from
-//! the environment (`INCUMBENT_REDIS_USER`, `INCUMBENT_REDIS_PASSWORD`, or `REDISCLI_AUTH`
-//! as `redis-cli` reads it), never from the URL. TLS (`rediss://`) is not supported yet: the
-//! `redis` crate's rustls support needs one process-wide crypto provider, which this crate's
-//! other TLS dependencies make ambiguous.
+//! by `Debug` or in logs), TLS and the response timeout. The URL form for the CLI and
+//! [`BackendUrl`](crate::url::BackendUrl) is `redis://host:port[/db]`, or
+//! `rediss://host:port[/db]` for TLS, with credentials from the environment
+//! (`INCUMBENT_REDIS_USER`, `INCUMBENT_REDIS_PASSWORD`, or `REDISCLI_AUTH` as `redis-cli` reads
+//! it), never from the URL.
+//!
+//! **TLS** (feature `redis-tls`: rustls with ring): `RedisConfig::tls` checks the server's
+//! certificate against the system's root certificates, `RedisConfig::ca_file` against the CA
+//! certificates in a PEM file (`INCUMBENT_REDIS_CA_FILE` for a `rediss://` URL); the host name
+//! (or IP address) is checked too. Client certificates are not supported. The `redis` crate
+//! takes rustls's process-wide default crypto provider: when none is installed, the first TLS
+//! connection installs ring's.
 
 mod notify;
 mod store;
@@ -151,6 +157,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RedisConfig {
     host: String,
     port: u16,
+    /// TLS (`rediss://`), and the CA file that signs the server's certificate (`None`: the
+    /// system's roots).
+    #[cfg(feature = "redis-tls")]
+    tls: Option<Option<std::path::PathBuf>>,
     db: i64,
     username: Option<String>,
     password: Option<String>,
@@ -162,6 +172,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("tls", &self.tls_shown())
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
@@ -188,6 +199,8 @@ impl RedisConfig {
                 .trim_end_matches(']')
                 .to_owned(),
             port,
+            #[cfg(feature = "redis-tls")]
+            tls: None,
             db: 0,
             username: None,
             password: None,
@@ -220,6 +233,35 @@ impl RedisConfig {
         self
     }
 
+    /// Talks TLS to the server (`rediss://`), checking its certificate against the system's
+    /// root certificates and its host name against `host`. Feature `redis-tls`.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls(mut self) -> Self {
+        self.tls.get_or_insert(None);
+        self
+    }
+
+    /// Talks TLS to the server, checking its certificate against the CA certificates in the
+    /// PEM file at `path` (instead of the system's roots), and its host name against `host`.
+    /// The file is read at connect. Feature `redis-tls`.
+    #[cfg(feature = "redis-tls")]
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = Some(Some(path.into()));
+        self
+    }
+
+    /// How `Debug` shows TLS: off, on with the system's roots, or the CA file.
+    fn tls_shown(&self) -> String {
+        #[cfg(feature = "redis-tls")]
+        match &self.tls {
+            None => "off".to_owned(),
+            Some(None) => "system roots".to_owned(),
+            Some(Some(path)) => format!("CA file {}", path.display()),
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        "off".to_owned()
+    }
+
     fn client(&self) -> Result<Client> {
         if self.host.is_empty() || self.port == 0 {
             return Err(Error::InvalidConfig {
@@ -237,11 +279,56 @@ impl RedisConfig {
         if let Some(password) = &self.password {
             redis = redis.set_password(password);
         }
+        #[cfg(feature = "redis-tls")]
+        if let Some(ca_file) = &self.tls {
+            return self.tls_client(ca_file.as_deref(), redis);
+        }
         let info = ConnectionAddr::Tcp(self.host.clone(), self.port)
             .into_connection_info()
             .map_err(from_redis)?
             .set_redis_settings(redis);
         Client::open(info).map_err(from_redis)
+    }
+
+    #[cfg(feature = "redis-tls")]
+    fn tls_client(
+        &self,
+        ca_file: Option<&std::path::Path>,
+        redis: RedisConnectionInfo,
+    ) -> Result<Client> {
+        let root_cert = match ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|error| Error::InvalidConfig {
+                backend: NAME,
+                reason: format!(
+                    "cannot read the CA file {}: {error}; name a PEM file of the CA \
+                     certificates that sign the Redis server's certificate",
+                    path.display()
+                ),
+            })?),
+            None => None,
+        };
+        // The `redis` crate builds its rustls configuration with the process's default
+        // crypto provider; with more than one compiled in (ring here, aws-lc-rs through other
+        // dependencies) there is none until someone installs one. An application that chose
+        // one keeps it: this only installs ring where nothing was installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let info = ConnectionAddr::TcpTls {
+            host: self.host.clone(),
+            port: self.port,
+            insecure: false,
+            tls_params: None,
+        }
+        .into_connection_info()
+        .map_err(from_redis)?
+        .set_redis_settings(redis);
+        let certificates = ::redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        };
+        Client::build_with_tls(info, certificates).map_err(|error| Error::InvalidConfig {
+            backend: NAME,
+            reason: format!("the TLS settings are unusable: {error}"),
+        })
     }
 }
 
