@@ -49,7 +49,9 @@ fn value_with(before: &[u8], token: FencingToken, after: &[u8]) -> Vec<u8> {
 ///   [`Attempt::Delayed`], when the last leader has surely noticed its loss). Calling it
 ///   again while leading returns the same token, after checking the key is still ours.
 /// - [`wait`](Contender::wait) returns on a change the store pushed (Redis keyspace
-///   notifications), a release of the key in this backend, or after the jittered poll.
+///   notifications), a release of the key in this backend, an observer of this backend
+///   finding the key free (the campaign's own observer polls too), or after the jittered
+///   poll.
 /// - [`lost`](Contender::lost) resolves when the session's renewal finds the key gone
 ///   ([`LockLoss::Deleted`]) or another's ([`LockLoss::Taken`]), or when the session is lost.
 ///   [`explain`](Contender::explain) tells a vanished key from a store that lost its data
@@ -83,6 +85,8 @@ pub struct PolledContender<S: Store> {
     pushed: Option<watch::Receiver<u64>>,
     /// Releases of the key by this backend's contenders.
     local: watch::Receiver<u64>,
+    /// The key read free by this backend's observers.
+    freed: watch::Receiver<u64>,
     /// When the pending poll of `wait` is due.
     poll_at: Option<Instant>,
 }
@@ -114,6 +118,7 @@ impl<S: Store> PolledContender<S> {
         );
         let pushed = backend.store().subscribe(&key);
         let local = backend.releases(&key);
+        let freed = backend.frees(&key);
         PolledContender {
             session,
             key,
@@ -127,6 +132,7 @@ impl<S: Store> PolledContender<S> {
             loss: None,
             pushed,
             local,
+            freed,
             poll_at: None,
         }
     }
@@ -164,6 +170,7 @@ impl<S: Store> Contender for PolledContender<S> {
             pushed.borrow_and_update();
         }
         self.local.borrow_and_update();
+        self.freed.borrow_and_update();
         let session = self.session.clone();
         let store = session.backend.store();
         if let Some(fencing_token) = self.held {
@@ -195,6 +202,9 @@ impl<S: Store> Contender for PolledContender<S> {
         let (fencing_token, went_back) = match store.acquire(claim).await? {
             Acquired::Won { token, went_back } => (token, went_back),
             Acquired::Held(holder) => {
+                if let Some(value) = &holder {
+                    self.backend().read_by_contender(&self.key, value);
+                }
                 let holder = holder.map(|value| Leader::from_bytes(&value));
                 if let Some(holder) = &holder {
                     self.backend().saw(&self.key, holder.fencing_token);
@@ -204,6 +214,7 @@ impl<S: Store> Contender for PolledContender<S> {
         };
         self.backend().saw(&self.key, Some(fencing_token));
         self.value = value_with(&before, fencing_token, &after);
+        self.backend().read_by_contender(&self.key, &self.value);
         let (loss, lost) = watch::channel(None);
         lock(&self.session.held).insert(
             self.key.clone(),
@@ -238,7 +249,12 @@ impl<S: Store> Contender for PolledContender<S> {
     async fn wait(&mut self) -> Result<()> {
         let backend = self.session.backend.clone();
         backend
-            .pause(&mut self.pushed, &mut self.local, &mut self.poll_at)
+            .pause(
+                &mut self.pushed,
+                &mut self.local,
+                Some(&mut self.freed),
+                &mut self.poll_at,
+            )
             .await;
         Ok(())
     }
@@ -328,7 +344,10 @@ impl<S: Store> Drop for PolledContender<S> {
 ///
 /// The first [`next`](Observer::next) reads the key at once; later ones read it again at
 /// each change the store pushes, release in this backend or jittered poll, and return when
-/// the holder changed. An error (the store cannot be reached) is returned as it comes.
+/// the holder changed. While a contender of the same backend polls the key (a follower's
+/// campaign: its observer and its contender), the observer takes the contender's reads as
+/// its own and sends none: one request per poll per process. An error (the store cannot be
+/// reached) is returned as it comes.
 pub struct PolledObserver<S: Store> {
     backend: PolledBackend<S>,
     key: String,
@@ -336,6 +355,8 @@ pub struct PolledObserver<S: Store> {
     last: Option<Option<Leader>>,
     pushed: Option<watch::Receiver<u64>>,
     local: watch::Receiver<u64>,
+    /// The reads of the key by this backend's contenders.
+    reads: watch::Receiver<Option<Vec<u8>>>,
     poll_at: Option<Instant>,
 }
 
@@ -352,35 +373,63 @@ impl<S: Store> PolledObserver<S> {
     pub(super) fn new(backend: PolledBackend<S>, key: String) -> Self {
         let pushed = backend.store().subscribe(&key);
         let local = backend.releases(&key);
+        let reads = backend.reads(&key);
         PolledObserver {
             backend,
             key,
             last: None,
             pushed,
             local,
+            reads,
             poll_at: None,
         }
+    }
+
+    /// The next value of the key: a contender's read of it, or (at this observer's own
+    /// poll, a push or a release) its own. A contender's read postpones the own poll past
+    /// the contender's next one (which comes within 1.25 poll intervals).
+    async fn next_value(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.last.is_some() {
+            let PolledObserver {
+                backend,
+                pushed,
+                local,
+                reads,
+                poll_at,
+                ..
+            } = self;
+            let own_poll = backend.pause(pushed, local, None, poll_at);
+            tokio::select! {
+                biased;
+                Ok(()) = reads.changed() => {
+                    let poll = self.backend.inner.poll;
+                    self.poll_at = Some(Instant::now() + poll.mul_f64(1.5 + fastrand::f64() * 0.5));
+                    return Ok(self.reads.borrow_and_update().clone());
+                }
+                () = own_poll => {}
+            }
+        }
+        if let Some(pushed) = &mut self.pushed {
+            pushed.borrow_and_update();
+        }
+        self.local.borrow_and_update();
+        self.reads.borrow_and_update();
+        self.backend.store().read(&self.key).await
     }
 }
 
 impl<S: Store> Observer for PolledObserver<S> {
     async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
-            if self.last.is_some() {
-                self.backend
-                    .pause(&mut self.pushed, &mut self.local, &mut self.poll_at)
-                    .await;
-            }
-            if let Some(pushed) = &mut self.pushed {
-                pushed.borrow_and_update();
-            }
-            self.local.borrow_and_update();
-            let value = self.backend.store().read(&self.key).await?;
+            let value = self.next_value().await?;
             let leader = value.map(|v| Leader::from_bytes(&v));
             if let Some(leader) = &leader {
                 self.backend.saw(&self.key, leader.fencing_token);
             }
             if self.last.as_ref() != Some(&leader) {
+                if leader.is_none() && self.last.is_some() {
+                    self.backend.freed(&self.key);
+                }
                 self.last = Some(leader.clone());
                 return Ok(leader);
             }

@@ -233,9 +233,15 @@ struct Inner<S> {
     sessions: SessionPool<session::Shared<S>>,
     /// The highest fencing token seen per election key, the floor of the next acquisition.
     seen: Mutex<HashMap<String, u64>>,
-    /// Bumped per key when a contender of this backend releases it: followers in this
-    /// process wake at once, whatever the store pushes.
-    released: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Bumped per key when a contender of this backend releases it: followers and observers
+    /// in this process wake at once, whatever the store pushes.
+    released: Wakes,
+    /// Bumped per key when an observer of this backend reads it free after it was held:
+    /// followers in this process try at once instead of at their own next poll.
+    freed: Wakes,
+    /// The value of each key as a contender of this backend last read it (while it polls),
+    /// for this backend's observers of the key: they need not read it themselves.
+    reads: Mutex<HashMap<String, watch::Sender<Option<Vec<u8>>>>>,
     /// Per key released by this backend while followers poll: until when the session handle
     /// that released it leaves it to the others, and that handle.
     courtesy: Mutex<HashMap<String, (Instant, u64)>>,
@@ -265,7 +271,9 @@ impl<S: Store> PolledBackend<S> {
                 info,
                 sessions: SessionPool::default(),
                 seen: Mutex::new(HashMap::new()),
-                released: Mutex::new(HashMap::new()),
+                released: Wakes::default(),
+                freed: Wakes::default(),
+                reads: Mutex::new(HashMap::new()),
                 courtesy: Mutex::new(HashMap::new()),
             }),
         }
@@ -304,26 +312,47 @@ impl<S: Store> PolledBackend<S> {
 
     /// Changes whenever a contender of this backend releases `key`.
     fn releases(&self, key: &str) -> watch::Receiver<u64> {
-        lock(&self.inner.released)
+        self.inner.released.subscribe(key)
+    }
+
+    /// The reads of `key` by this backend's contenders.
+    fn reads(&self, key: &str) -> watch::Receiver<Option<Vec<u8>>> {
+        lock(&self.inner.reads)
             .entry(key.to_owned())
-            .or_insert_with(|| watch::Sender::new(0))
+            .or_insert_with(|| watch::Sender::new(None))
             .subscribe()
+    }
+
+    /// A contender read `value` under `key`: this backend's observers of it take it as their
+    /// own read.
+    fn read_by_contender(&self, key: &str, value: &[u8]) {
+        let mut reads = lock(&self.inner.reads);
+        if let Some(sender) = reads.get(key) {
+            if sender.receiver_count() == 0 {
+                reads.remove(key);
+            } else {
+                sender.send_replace(Some(value.to_vec()));
+            }
+        }
+    }
+
+    /// Changes whenever an observer of this backend finds `key` freed.
+    fn frees(&self, key: &str) -> watch::Receiver<u64> {
+        self.inner.freed.subscribe(key)
+    }
+
+    /// An observer read `key` free after it was held: this backend's followers of it try at
+    /// once. A follower process then has two polls of the key (its campaign's contender's,
+    /// and its observer's), and the first to see the key free wakes the contender.
+    fn freed(&self, key: &str) {
+        self.inner.freed.bump(key);
     }
 
     /// After a contender of session handle `handle` released `key`: wakes this backend's
     /// followers of it, and while followers poll, keeps that handle's contenders off the key
     /// for [`COURTESY_POLLS`] poll intervals.
     fn released(&self, key: &str, handle: u64) {
-        {
-            let mut released = lock(&self.inner.released);
-            if let Some(sender) = released.get(key) {
-                if sender.receiver_count() == 0 {
-                    released.remove(key);
-                } else {
-                    sender.send_modify(|n| *n = n.wrapping_add(1));
-                }
-            }
-        }
+        self.inner.released.bump(key);
         if let Wakeup::Poll(poll) = self.inner.wakeup {
             let until = Instant::now() + poll * COURTESY_POLLS;
             lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
@@ -341,8 +370,8 @@ impl<S: Store> PolledBackend<S> {
             .map(|(until, _)| *until)
     }
 
-    /// Sleeps until the next poll, a change the store pushed for the key, or a release of it
-    /// by this backend.
+    /// Sleeps until the next poll, a change the store pushed for the key, a release of it by
+    /// this backend, or (`freed`, for followers) an observer of this backend finding it free.
     ///
     /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
     /// campaign drops a follower's `wait` when an observer reports a change, and calls it
@@ -351,27 +380,65 @@ impl<S: Store> PolledBackend<S> {
         &self,
         pushed: &mut Option<watch::Receiver<u64>>,
         local: &mut watch::Receiver<u64>,
+        freed: Option<&mut watch::Receiver<u64>>,
         poll_at: &mut Option<Instant>,
     ) {
         let at = *poll_at.get_or_insert_with(|| {
             Instant::now() + self.inner.poll.mul_f64(0.75 + fastrand::f64() * 0.5)
         });
-        let pushed = async {
-            let changed = match pushed {
-                Some(pushed) => pushed.changed().await.is_ok(),
-                None => false,
-            };
-            if !changed {
-                // Nothing pushed, or the store's notifier is gone: only the poll.
-                std::future::pending::<()>().await;
-            }
-        };
         tokio::select! {
             _ = local.changed() => {}
-            () = pushed => {}
+            () = changed(freed) => {}
+            // Nothing pushed, or the store's notifier is gone: only the poll.
+            () = changed(pushed.as_mut()) => {}
             () = tokio::time::sleep_until(at) => {}
         }
         *poll_at = None;
+    }
+}
+
+/// Resolves when `wake` changes; never when there is none, or its sender is gone.
+async fn changed(wake: Option<&mut watch::Receiver<u64>>) {
+    if let Some(wake) = wake
+        && wake.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Wake-ups per key: a counter that a bump changes.
+#[derive(Default)]
+pub(crate) struct Wakes(Mutex<HashMap<String, watch::Sender<u64>>>);
+
+impl Wakes {
+    /// A receiver that changes at every bump of `key`.
+    pub(crate) fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
+        lock(&self.0)
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// Wakes the receivers of `key`; forgets it when there are none.
+    pub(crate) fn bump(&self, key: &str) {
+        let mut wakes = lock(&self.0);
+        if let Some(sender) = wakes.get(key) {
+            if sender.receiver_count() == 0 {
+                wakes.remove(key);
+            } else {
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+
+    /// Wakes the receivers of every key.
+    pub(crate) fn bump_all(&self) {
+        let mut wakes = lock(&self.0);
+        wakes.retain(|_, sender| sender.receiver_count() > 0);
+        for sender in wakes.values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 }
 
