@@ -17,6 +17,10 @@ pub struct Settings {
     pub(super) timeout: Duration,
 }
 
+/// How many times a checked write of our own value is tried while something (our own
+/// renewal) changes the item between the `gets` and the `cas`.
+const REWRITE_TRIES: u32 = 5;
+
 /// The expiry a key is stored with for a ttl: a second more than the ttl, so that it lives at
 /// least the ttl on memcached's one-second clock (see the [module docs](super)).
 fn exptime(ttl: Duration) -> i64 {
@@ -37,13 +41,32 @@ impl Client {
         })
     }
 
-    /// Rewrites `key`'s value `ours` as `new` with expiry `exptime`, if it is still `ours`.
+    /// Rewrites `key`'s value `ours` as `new` with expiry `exptime`, if it is still `ours`:
+    /// `Stored`, or `Exists` (another value) or `NotFound`.
+    ///
+    /// The session's renewal rewrites our value too (same value, new expiry), which changes
+    /// the item's cas unique: a `cas` that fails while the value is still ours is tried
+    /// again, [`REWRITE_TRIES`] times at most. Without it, a release that met a renewal
+    /// left the lock held until it expired.
     async fn rewrite(&self, key: &str, ours: &[u8], new: &[u8], exptime: i64) -> Result<Cas> {
-        match self.get(key).await? {
-            Some(item) if item.value == ours => self.cas(key, new, exptime, item.cas).await,
-            Some(_) => Ok(Cas::Exists),
-            None => Ok(Cas::NotFound),
+        for _ in 0..REWRITE_TRIES {
+            match self.get(key).await? {
+                Some(item) if item.value == ours => {
+                    match self.cas(key, new, exptime, item.cas).await? {
+                        Cas::Exists => continue,
+                        done => return Ok(done),
+                    }
+                }
+                Some(_) => return Ok(Cas::Exists),
+                None => return Ok(Cas::NotFound),
+            }
         }
+        Err(Error::Store {
+            backend: NAME,
+            reason: format!(
+                "{key} kept changing under {REWRITE_TRIES} checked writes of our own value"
+            ),
+        })
     }
 }
 
