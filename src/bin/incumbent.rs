@@ -131,7 +131,8 @@ environment unless --pass-credentials):
   INCUMBENT_ZK_AUTH         ZooKeeper: user:password for the digest scheme
   INCUMBENT_REDIS_USER      Redis: the ACL user name
   INCUMBENT_REDIS_PASSWORD  Redis: the password; when set, wins over REDISCLI_AUTH
-  REDISCLI_AUTH             Redis: the password, as redis-cli reads it"
+  REDISCLI_AUTH             Redis: the password, as redis-cli reads it
+  INCUMBENT_REDIS_CA_FILE   Redis over TLS (rediss://): the CA certificates (PEM) to trust"
     };
 }
 
@@ -249,7 +250,7 @@ enum Command {
 struct Target {
     /// Where the election lives: file:///dir, file: (the default directory), memory:,
     /// etcd://host:port[,host:port…][/prefix], consul://host:port[/prefix],
-    /// zk://host:port[,host:port…][/chroot], redis://host:port[/db], memcached://host:port.
+    /// zk://host:port[,host:port…][/chroot], redis://host:port[/db] (rediss:// for TLS), memcached://host:port.
     /// Credentials come from the environment, never the URL.
     #[arg(
         long,
