@@ -11,7 +11,7 @@
 //! | `consul+https://host:port[/prefix]` | Consul over HTTPS | `consul` |
 //! | `consul:` or `consul:///prefix` | Consul at `CONSUL_HTTP_ADDR` (default `http://127.0.0.1:8500`) | `consul` |
 //! | `memcached://host:port` | memcached (best effort: see its module docs) | `memcached` |
-//! | `redis://host:port[/db]` | Redis (database `db`, default 0; `rediss://` (TLS) is not supported yet) | `redis` |
+//! | `redis://host:port[/db]`, `rediss://host:port[/db]` | Redis (database `db`, default 0; `rediss://`: TLS, the server's certificate checked against `INCUMBENT_REDIS_CA_FILE` or the system's roots) | `redis` (`redis-tls` for `rediss://`) |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //!
 //! # Credentials
@@ -32,6 +32,7 @@
 //! | `INCUMBENT_REDIS_USER` | Redis | the ACL user name (Redis 6 and later); unset: `AUTH` with the password alone |
 //! | `INCUMBENT_REDIS_PASSWORD` | Redis | the password; when set (not empty), it wins over `REDISCLI_AUTH` |
 //! | `REDISCLI_AUTH` | Redis | the password, as `redis-cli` reads it |
+//! | `INCUMBENT_REDIS_CA_FILE` | Redis, `rediss://` | a PEM file of the CA certificates that sign the server's certificate; unset: the system's roots |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
 //!
 //! | `ETCDCTL_ENDPOINTS` | etcd | the endpoints of `etcd:` / `etcd:///prefix` (`https://host:port,…`; `host:port` is `https://` when a CA is given, else `http://`) |
@@ -138,6 +139,8 @@ pub enum BackendUrl {
         address: String,
         /// The database number.
         db: i64,
+        /// Whether to talk TLS (`rediss://`).
+        tls: bool,
     },
 }
 
@@ -149,7 +152,7 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
 
 /// Where credentials go instead of the URL.
 const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
@@ -304,7 +307,8 @@ impl FromStr for BackendUrl {
             }
             "etcd" | "etcd+https" | "consul" | "consul+https" => store_url(&shown, scheme, rest),
             "zk" => zk_url(&shown, rest),
-            "redis" => redis_url(&shown, rest),
+            "redis" => redis_url(&shown, rest, false),
+            "rediss" => redis_url(&shown, rest, true),
             "memcached" => {
                 if rest.contains(['?', '#']) || rest.trim_start_matches("//").contains('/') {
                     return Err(bad(format!(
@@ -320,10 +324,6 @@ impl FromStr for BackendUrl {
                     address: rest.to_owned(),
                 })
             }
-            "rediss" => Err(bad(format!(
-                "{shown:?}: TLS to Redis (rediss://) is not supported yet; reach Redis over \
-                 a trusted network or a TLS tunnel (stunnel, spiped), as redis://host:port[/db]"
-            ))),
             // Only the scheme is shown: what follows may be a password (`user:password`).
             other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
         }
@@ -389,7 +389,10 @@ impl fmt::Display for BackendUrl {
                 };
                 store(f, "consul", hosts, p)
             }
-            BackendUrl::Redis { address, db } => write!(f, "redis://{}/{db}", redact(address)),
+            BackendUrl::Redis { address, db, tls } => {
+                let scheme = if *tls { "rediss" } else { "redis" };
+                write!(f, "{scheme}://{}/{db}", redact(address))
+            }
             BackendUrl::Memcached { address } => write!(f, "memcached://{}", redact(address)),
         }
     }
@@ -430,10 +433,11 @@ impl fmt::Debug for BackendUrl {
                 .debug_struct("Memcached")
                 .field("address", &redact(address))
                 .finish(),
-            BackendUrl::Redis { address, db } => f
+            BackendUrl::Redis { address, db, tls } => f
                 .debug_struct("Redis")
                 .field("address", &redact(address))
                 .field("db", db)
+                .field("tls", tls)
                 .finish(),
         }
     }
@@ -528,7 +532,7 @@ impl BackendUrl {
             BackendUrl::Consul { address, prefix } => {
                 connect_consul(address, prefix.as_deref(), tls, code).await
             }
-            BackendUrl::Redis { address, db } => connect_redis(address, *db, code).await,
+            BackendUrl::Redis { address, db, tls } => connect_redis(address, *db, *tls, code).await,
             BackendUrl::Memcached { address } => connect_memcached(address, code).await,
         }
     }
@@ -750,8 +754,9 @@ fn consul_token(
     Ok(var("CONSUL_HTTP_TOKEN"))
 }
 
-/// `redis://host:port[/db]`, after the scheme: the address and database.
-fn redis_url(shown: &str, rest: &str) -> Result<BackendUrl> {
+/// `redis://host:port[/db]` (or `rediss://`, `tls`), after the scheme: the address and
+/// database.
+fn redis_url(shown: &str, rest: &str, tls: bool) -> Result<BackendUrl> {
     if rest.contains(['?', '#']) {
         return Err(bad(format!(
             "{shown:?}: '?' and '#' are not allowed (no query string, e.g. ?password=…); \
@@ -782,6 +787,7 @@ fn redis_url(shown: &str, rest: &str) -> Result<BackendUrl> {
     Ok(BackendUrl::Redis {
         address: host.to_owned(),
         db,
+        tls,
     })
 }
 
@@ -794,9 +800,25 @@ fn redis_credentials(var: impl Fn(&str) -> Option<String>) -> (Option<String>, O
 }
 
 #[cfg(feature = "redis")]
-async fn connect_redis<V: WithBackend>(address: &str, db: i64, code: V) -> Result<V::Output> {
+async fn connect_redis<V: WithBackend>(
+    address: &str,
+    db: i64,
+    tls: bool,
+    code: V,
+) -> Result<V::Output> {
     use crate::redis::{RedisBackend, RedisConfig};
     let mut config = RedisConfig::new(address).db(db);
+    if tls {
+        #[cfg(feature = "redis-tls")]
+        {
+            config = match env("INCUMBENT_REDIS_CA_FILE") {
+                Some(ca_file) => config.ca_file(ca_file),
+                None => config.tls(),
+            };
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        return Err(not_compiled("redis-tls"));
+    }
     let (user, password) = redis_credentials(env);
     if let Some(user) = user {
         config = config.username(user);
@@ -809,7 +831,12 @@ async fn connect_redis<V: WithBackend>(address: &str, db: i64, code: V) -> Resul
 }
 
 #[cfg(not(feature = "redis"))]
-async fn connect_redis<V: WithBackend>(_address: &str, _db: i64, _code: V) -> Result<V::Output> {
+async fn connect_redis<V: WithBackend>(
+    _address: &str,
+    _db: i64,
+    _tls: bool,
+    _code: V,
+) -> Result<V::Output> {
     Err(not_compiled("redis"))
 }
 
@@ -1061,21 +1088,24 @@ mod tests {
             "redis://127.0.0.1:6379/2".parse::<BackendUrl>().ok(),
             Some(BackendUrl::Redis {
                 address: "127.0.0.1:6379".into(),
-                db: 2
+                db: 2,
+                tls: false
             })
         );
         assert_eq!(
             "redis://h:6379".parse::<BackendUrl>().ok(),
             Some(BackendUrl::Redis {
                 address: "h:6379".into(),
-                db: 0
+                db: 0,
+                tls: false
             })
         );
+        let tls: BackendUrl = "rediss://h:6380/1".parse().expect("valid");
+        assert_eq!(tls.to_string(), "rediss://h:6380/1");
         for (url, hint) in [
             ("redis://h:6379/x", "database number"),
             ("redis://h", "not host:port"),
             ("redis://a:1,b:2", "one Redis server"),
-            ("rediss://h:6379", "not supported"),
             ("redis://:s3cret@h:6379", "REDISCLI_AUTH"),
             ("redis://h:6379/0?password=s3cret", "REDISCLI_AUTH"),
         ] {

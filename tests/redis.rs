@@ -184,3 +184,55 @@ async fn one_renewal_serves_every_election_of_a_process() {
     jobs.shutdown().await.expect("shutdown");
     index.shutdown().await.expect("shutdown");
 }
+
+/// TLS (`rediss://`) to a real Redis with a certificate signed by a CA the test made: the
+/// backend checks it against the CA file, and elections work as over plain TCP, the keyspace
+/// notifications' pub/sub connection included.
+#[cfg(feature = "redis-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_a_ca_file_elects_and_hands_over() {
+    let (_server, tls) = RedisServer::with_tls().await;
+    let connect = || async {
+        RedisBackend::builder(RedisConfig::new(tls.addr.to_string()).ca_file(&tls.ca))
+            .notifications(Notifications::IfEnabled)
+            .connect()
+            .await
+            .expect("connect over TLS")
+    };
+    let (backend, other) = (connect().await, connect().await);
+    assert!(backend.notifications_active());
+    assert!(format!("{backend:?}").contains("CA file"), "{backend:?}");
+    let took = hand_off(&backend, &other).await;
+    println!("hand-off over TLS with keyspace notifications: {took:?}");
+}
+
+/// A server whose certificate the CA file does not vouch for is refused, with a message that
+/// says so.
+#[cfg(feature = "redis-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_refuses_a_server_the_ca_file_does_not_vouch_for() {
+    let (_server, tls) = RedisServer::with_tls().await;
+    let refused = RedisBackend::builder(
+        RedisConfig::new(tls.addr.to_string())
+            .ca_file(&tls.other_ca)
+            .timeout(Duration::from_secs(2)),
+    )
+    .connect()
+    .await
+    .expect_err("a certificate from another CA");
+    println!("{refused}");
+    assert!(
+        refused.to_string().to_lowercase().contains("certificate"),
+        "{refused}"
+    );
+    let missing = RedisBackend::builder(
+        RedisConfig::new(tls.addr.to_string()).ca_file(tls.ca.with_file_name("absent.pem")),
+    )
+    .connect()
+    .await
+    .expect_err("no CA file");
+    assert!(
+        matches!(missing, incumbent::Error::InvalidConfig { .. }),
+        "{missing}"
+    );
+}

@@ -4,6 +4,7 @@
 //! cargo bench --bench failover --all-features            # every backend
 //! cargo bench --bench failover -- memory file            # only these sections
 //! cargo bench --bench failover --all-features -- etcd consul
+//! cargo bench --bench failover --features redis,memcached -- redis memcached
 //! ```
 //!
 //! Each section prints medians and p99s over many rounds, measured in this one run, so the
@@ -19,6 +20,12 @@ mod common;
 mod consul;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "memcached")]
+mod memcached;
+#[cfg(any(feature = "redis", feature = "memcached"))]
+mod polled;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -63,6 +70,18 @@ async fn main() {
         let section = Instant::now();
         zookeeper::run().await;
         common::took("zookeeper", section);
+    }
+    #[cfg(feature = "redis")]
+    if wanted("redis") {
+        let section = Instant::now();
+        redis::run().await;
+        common::took("redis", section);
+    }
+    #[cfg(feature = "memcached")]
+    if wanted("memcached") {
+        let section = Instant::now();
+        memcached::run().await;
+        common::took("memcached", section);
     }
     println!();
     common::took("the whole run", run);

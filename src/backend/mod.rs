@@ -19,6 +19,8 @@
 //! read it before writing a backend.
 
 pub mod keepalive;
+#[cfg(any(feature = "redis", feature = "memcached"))]
+pub mod polled;
 pub mod pool;
 
 use std::collections::BTreeMap;

@@ -145,6 +145,7 @@ host:port or https://host:port [default: http://127.0.0.1:8500]
   INCUMBENT_REDIS_USER      Redis: the ACL user name
   INCUMBENT_REDIS_PASSWORD  Redis: the password; when set, wins over REDISCLI_AUTH
   REDISCLI_AUTH             Redis: the password, as redis-cli reads it
+  INCUMBENT_REDIS_CA_FILE   Redis over TLS (rediss://): the CA certificates (PEM) to trust
 
 Precedence: a flag wins over the backend URL, which wins over the environment. --ca-file, \
 --cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY and CONSUL_CACERT/CLIENT_CERT/\
@@ -273,7 +274,7 @@ struct Target {
     /// Where the election lives: file:///dir, file: (the default directory), memory:,
     /// etcd://host:port[,host:port…][/prefix], etcd+https://… (TLS), etcd: (endpoints from
     /// ETCDCTL_ENDPOINTS), consul://host:port[/prefix], consul+https://… (TLS), consul:
-    /// (CONSUL_HTTP_ADDR), zk://host:port[,host:port…][/chroot], redis://host:port[/db],
+    /// (CONSUL_HTTP_ADDR), zk://host:port[,host:port…][/chroot], redis://host:port[/db] (rediss:// for TLS),
     /// memcached://host:port. Credentials come from the environment, never the URL.
     #[arg(
         long,

@@ -46,10 +46,19 @@ struct Reply {
 
 /// A memcached server: a few connections, each request on one of them, bounded by the
 /// timeout. A connection that failed or timed out is dropped; the next request opens another.
-pub(super) struct Client {
+pub struct Client {
     addr: String,
     timeout: Duration,
     idle: Mutex<Vec<Conn>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("address", &self.addr)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 fn unavailable(reason: String) -> Error {
@@ -67,16 +76,12 @@ fn protocol(reason: String) -> Error {
 }
 
 impl Client {
-    pub fn new(addr: String, timeout: Duration) -> Self {
+    pub(super) fn new(addr: String, timeout: Duration) -> Self {
         Client {
             addr,
             timeout,
             idle: Mutex::new(Vec::new()),
         }
-    }
-
-    pub fn addr(&self) -> &str {
-        &self.addr
     }
 
     async fn request(&self, request: &[u8], retrieval: bool) -> Result<Reply> {
@@ -113,12 +118,12 @@ impl Client {
     }
 
     /// `version`: whether the server answers.
-    pub async fn version(&self) -> Result<String> {
+    pub(super) async fn version(&self) -> Result<String> {
         Ok(self.request(b"version\r\n", false).await?.line)
     }
 
     /// `gets` of several keys at once: the items that exist.
-    pub async fn gets(&self, keys: &[&str]) -> Result<HashMap<String, Item>> {
+    pub(super) async fn gets(&self, keys: &[&str]) -> Result<HashMap<String, Item>> {
         let mut request = b"gets".to_vec();
         for key in keys {
             request.push(b' ');
@@ -129,12 +134,12 @@ impl Client {
     }
 
     /// `gets` of one key.
-    pub async fn get(&self, key: &str) -> Result<Option<Item>> {
+    pub(super) async fn get(&self, key: &str) -> Result<Option<Item>> {
         Ok(self.gets(&[key]).await?.remove(key))
     }
 
     /// `add`: stores `value` only if `key` does not exist. Whether it did.
-    pub async fn add(&self, key: &str, value: &[u8], exptime: u64) -> Result<bool> {
+    pub(super) async fn add(&self, key: &str, value: &[u8], exptime: u64) -> Result<bool> {
         let mut request = format!("add {key} 0 {exptime} {}\r\n", value.len()).into_bytes();
         request.extend_from_slice(value);
         request.extend_from_slice(b"\r\n");
@@ -148,7 +153,7 @@ impl Client {
 
     /// `cas`: stores `value` if the item is unchanged since the `gets` that gave `cas`.
     /// A negative `exptime` stores it already expired: a checked delete.
-    pub async fn cas(&self, key: &str, value: &[u8], exptime: i64, cas: u64) -> Result<Cas> {
+    pub(super) async fn cas(&self, key: &str, value: &[u8], exptime: i64, cas: u64) -> Result<Cas> {
         let mut request = format!("cas {key} 0 {exptime} {} {cas}\r\n", value.len()).into_bytes();
         request.extend_from_slice(value);
         request.extend_from_slice(b"\r\n");
@@ -162,7 +167,7 @@ impl Client {
     }
 
     /// `incr`: the new value, `None` when the key does not exist.
-    pub async fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+    pub(super) async fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
         let reply = self
             .request(format!("incr {key} {delta}\r\n").as_bytes(), false)
             .await?;

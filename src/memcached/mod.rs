@@ -68,68 +68,36 @@
 //! memcached 1.4, and fits in one short module (`client.rs`) over tokio's TCP.
 
 mod client;
-mod contender;
-mod session;
+mod store;
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
-
-pub use contender::{MemcachedContender, MemcachedObserver};
-pub use session::MemcachedSession;
-
 use self::client::Client;
-use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, SessionOptions, Wakeup, lock};
+use self::store::Settings;
+use crate::backend::polled::{
+    self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
+};
+pub use crate::backend::polled::{COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX};
+use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
 
 const NAME: &str = "memcached";
 
-/// The key prefix under which elections live unless [`MemcachedBuilder::prefix`] says
-/// otherwise.
-pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// The smallest ttl: memcached's expiry has a granularity of a second.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 /// The largest ttl: a day (memcached reads expiries above 30 days as timestamps).
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
-/// How often followers poll unless [`MemcachedBuilder::poll_interval`] says otherwise.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// After a release by a contender of a backend whose followers poll, how many poll intervals
-/// the backend's other contenders leave the free key to followers in other processes (which
-/// would otherwise lose the race to the resigning campaign's own retry).
-pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`MemcachedBuilder::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Settings for a [`MemcachedBackend`]: made by [`MemcachedBackend::builder`], finished by
 /// [`connect`](MemcachedBuilder::connect).
-#[derive(Clone, Debug)]
-pub struct MemcachedBuilder {
-    address: String,
-    prefix: String,
-    poll_interval: Duration,
-    timeout: Duration,
-}
+pub type MemcachedBuilder = PolledBuilder<Settings>;
 
-impl MemcachedBuilder {
-    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`]).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How often followers poll (default [`DEFAULT_POLL_INTERVAL`]), jittered by ±25 %.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
+impl PolledBuilder<Settings> {
     /// How long one request may take (default [`DEFAULT_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.store.timeout = timeout;
         self
     }
 
@@ -143,21 +111,17 @@ impl MemcachedBuilder {
             backend: NAME,
             reason,
         };
-        let valid_address = self
-            .address
+        let Settings { address, timeout } = &self.store;
+        let valid_address = address
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
         if !valid_address {
             return Err(invalid(format!(
                 "{:?} is not host:port (write e.g. \"127.0.0.1:11211\")",
-                crate::url::redact(&self.address)
+                crate::url::redact(address)
             )));
         }
-        if self.poll_interval.is_zero() {
-            return Err(invalid(
-                "the poll interval must be above zero (e.g. 500ms)".into(),
-            ));
-        }
+        self.check_poll(NAME)?;
         if self.prefix.len() > 100
             || self
                 .prefix
@@ -170,58 +134,31 @@ impl MemcachedBuilder {
                 self.prefix
             )));
         }
-        let client = Client::new(self.address, self.timeout);
+        let client = Client::new(address.clone(), *timeout);
         client.version().await?;
         tracing::info!(
             poll = ?self.poll_interval,
             "memcached: followers poll (memcached has no notifications)"
         );
-        Ok(MemcachedBackend {
-            inner: Arc::new(Inner {
-                client,
-                prefix: self.prefix,
-                poll_interval: self.poll_interval,
-                sessions: SessionPool::default(),
-                seen: Mutex::new(HashMap::new()),
-                released: Mutex::new(HashMap::new()),
-                courtesy: Mutex::new(HashMap::new()),
-            }),
-        })
+        let info = BackendInfo {
+            min_ttl: MIN_TTL,
+            max_ttl: MAX_TTL,
+            ..polled::info(NAME, Wakeup::Poll(self.poll_interval))
+        };
+        Ok(PolledBackend::new(
+            client,
+            self.prefix,
+            self.poll_interval,
+            info,
+        ))
     }
 }
 
 /// A connection to one memcached server, for any number of elections. Cheap to clone.
 /// See the [module docs](self): the lock can be lost to eviction or a restart.
-#[derive(Clone)]
-pub struct MemcachedBackend {
-    inner: Arc<Inner>,
-}
+pub type MemcachedBackend = PolledBackend<Client>;
 
-struct Inner {
-    client: Client,
-    prefix: String,
-    poll_interval: Duration,
-    sessions: SessionPool<session::Shared>,
-    /// The highest fencing token seen per election key.
-    seen: Mutex<HashMap<String, u64>>,
-    /// Bumped per key when a contender of this backend releases it: followers in this
-    /// process wake at once instead of at their next poll.
-    released: Mutex<HashMap<String, watch::Sender<u64>>>,
-    /// Per key released by this backend, until when it is left to the others.
-    courtesy: Mutex<HashMap<String, tokio::time::Instant>>,
-}
-
-impl fmt::Debug for MemcachedBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemcachedBackend")
-            .field("address", &self.inner.client.addr())
-            .field("prefix", &self.inner.prefix)
-            .field("poll_interval", &self.inner.poll_interval)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MemcachedBackend {
+impl PolledBackend<Client> {
     /// The server at `address` (`host:port`) with default settings. See
     /// [`MemcachedBuilder::connect`] for the errors.
     pub async fn connect(address: impl Into<String>) -> Result<MemcachedBackend> {
@@ -230,129 +167,19 @@ impl MemcachedBackend {
 
     /// Starts configuring a backend on the server at `address` (`host:port`).
     pub fn builder(address: impl Into<String>) -> MemcachedBuilder {
-        MemcachedBuilder {
+        PolledBuilder::new(Settings {
             address: address.into(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            poll_interval: DEFAULT_POLL_INTERVAL,
             timeout: DEFAULT_TIMEOUT,
-        }
-    }
-
-    /// The key of `election`: `<prefix><election>`.
-    pub fn key(&self, election: &str) -> String {
-        format!("{}{election}", self.inner.prefix)
-    }
-
-    /// The fencing counter of `election`: `<prefix><election>:fencing`.
-    pub fn counter_key(&self, election: &str) -> String {
-        format!("{}{election}:fencing", self.inner.prefix)
-    }
-
-    fn client(&self) -> &Client {
-        &self.inner.client
-    }
-
-    /// Notes a token seen for `key`; returns the highest seen so far.
-    fn saw(&self, key: &str, token: Option<u64>) -> u64 {
-        let mut seen = lock(&self.inner.seen);
-        let highest = seen.entry(key.to_owned()).or_insert(0);
-        if let Some(token) = token {
-            *highest = (*highest).max(token);
-        }
-        *highest
-    }
-
-    /// Changes whenever a contender of this backend releases `key`.
-    fn releases(&self, key: &str) -> watch::Receiver<u64> {
-        lock(&self.inner.released)
-            .entry(key.to_owned())
-            .or_insert_with(|| watch::Sender::new(0))
-            .subscribe()
-    }
-
-    /// Wakes this backend's followers of `key`.
-    fn released(&self, key: &str) {
-        let mut released = lock(&self.inner.released);
-        if let Some(sender) = released.get(key) {
-            if sender.receiver_count() == 0 {
-                released.remove(key);
-            } else {
-                sender.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-    }
-
-    /// Sleeps for the jittered poll interval, or until a contender of this backend
-    /// releases the key `wake` follows; whether a release ended it.
-    ///
-    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
-    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
-    /// again): the poll keeps its pace instead of starting over.
-    async fn pause(
-        &self,
-        wake: &mut watch::Receiver<u64>,
-        poll_at: &mut Option<tokio::time::Instant>,
-    ) -> bool {
-        let at = *poll_at.get_or_insert_with(|| {
-            tokio::time::Instant::now()
-                + self
-                    .inner
-                    .poll_interval
-                    .mul_f64(0.75 + fastrand::f64() * 0.5)
-        });
-        let released = tokio::select! {
-            changed = wake.changed() => changed.is_ok(),
-            () = tokio::time::sleep_until(at) => false,
-        };
-        *poll_at = None;
-        released
-    }
-
-    /// Starts the courtesy after a release of `key`: four poll intervals during which this
-    /// backend's contenders that were not following it leave it to the others.
-    fn courtesy_from_now(&self, key: &str) {
-        let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
-        lock(&self.inner.courtesy).insert(key.to_owned(), until);
-    }
-
-    /// The end of the courtesy for `key`, while it runs.
-    fn courtesy(&self, key: &str) -> Option<tokio::time::Instant> {
-        let mut courtesy = lock(&self.inner.courtesy);
-        let now = tokio::time::Instant::now();
-        courtesy.retain(|_, until| *until > now);
-        courtesy.get(key).copied()
+        })
     }
 }
 
-impl Backend for MemcachedBackend {
-    type Session = MemcachedSession;
-    type Observer = MemcachedObserver;
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: Wakeup::Poll(self.inner.poll_interval),
-            renew_divisor: 3,
-            max_lock_delay: None,
-        }
-    }
-
-    async fn open_session(&self, options: &SessionOptions) -> Result<MemcachedSession> {
-        if options.ttl.subsec_nanos() != 0 {
-            return Err(Error::InvalidTiming {
-                reason: format!(
-                    "memcached counts expiry in whole seconds: the ttl {:?} must be whole \
-                     seconds (e.g. 3s)",
-                    options.ttl
-                ),
-            });
-        }
-        session::open(self, options).await
-    }
-
-    async fn observe(&self, election: &str) -> Result<MemcachedObserver> {
-        Ok(MemcachedObserver::new(self.clone(), self.key(election)))
-    }
-}
+/// A session on memcached: process-local, alive as long as one renewal (a multi-key `gets`
+/// and a `cas` per key) rewrites every key its elections hold. Closing (or dropping) the
+/// last handle deletes the keys it still holds.
+pub type MemcachedSession = PolledSession<Client>;
+/// One session's claim on one memcached election, the key `<prefix><election>`: `add` with
+/// a token from the counter (`incr`); see the [module docs](self).
+pub type MemcachedContender = PolledContender<Client>;
+/// Follows the holder of one memcached election by polling its key with jitter.
+pub type MemcachedObserver = PolledObserver<Client>;

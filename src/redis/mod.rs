@@ -107,51 +107,48 @@
 //! # Options and URLs
 //!
 //! [`RedisConfig`] sets the address, database, user and password (ACL, `AUTH`; never shown
-//! by `Debug` or in logs) and the response timeout. The URL form for the CLI and
-//! [`BackendUrl`](crate::url::BackendUrl) is `redis://host:port[/db]`, with credentials from
-//! the environment (`INCUMBENT_REDIS_USER`, `INCUMBENT_REDIS_PASSWORD`, or `REDISCLI_AUTH`
-//! as `redis-cli` reads it), never from the URL. TLS (`rediss://`) is not supported yet: the
-//! `redis` crate's rustls support needs one process-wide crypto provider, which this crate's
-//! other TLS dependencies make ambiguous.
+//! by `Debug` or in logs), TLS and the response timeout. The URL form for the CLI and
+//! [`BackendUrl`](crate::url::BackendUrl) is `redis://host:port[/db]`, or
+//! `rediss://host:port[/db]` for TLS, with credentials from the environment
+//! (`INCUMBENT_REDIS_USER`, `INCUMBENT_REDIS_PASSWORD`, or `REDISCLI_AUTH` as `redis-cli` reads
+//! it), never from the URL.
+//!
+//! **TLS** (feature `redis-tls`: rustls with ring): `RedisConfig::tls` checks the server's
+//! certificate against the system's root certificates, `RedisConfig::ca_file` against the CA
+//! certificates in a PEM file (`INCUMBENT_REDIS_CA_FILE` for a `rediss://` URL); the host name
+//! (or IP address) is checked too. Client certificates are not supported. The `redis` crate
+//! takes rustls's process-wide default crypto provider: when none is installed, the first TLS
+//! connection installs ring's.
 
-mod contender;
 mod notify;
-mod observer;
-mod session;
+mod store;
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, RedisError};
 
-pub use contender::RedisContender;
-pub use observer::RedisObserver;
-pub use session::RedisSession;
-
-use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, SessionOptions, Wakeup, lock};
+use crate::backend::polled::{
+    self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
+};
+pub use crate::backend::polled::{COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX};
+use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
+use store::{RedisStore, Settings};
+
+/// Settings for a [`RedisBackend`] beyond the connection's: made by
+/// [`RedisBackend::builder`], finished by [`connect`](RedisBuilder::connect).
+pub type RedisBuilder = PolledBuilder<Settings>;
 
 const NAME: &str = "redis";
 
-/// The key prefix under which elections live unless [`RedisBuilder::prefix`] says otherwise.
-pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// The smallest ttl: renewals every third of it must fit in, with a few round trips.
 pub const MIN_TTL: Duration = Duration::from_secs(1);
 /// The largest ttl: a day.
 pub const MAX_TTL: Duration = Duration::from_secs(86_400);
-/// How often followers poll when keyspace notifications are off, unless
-/// [`RedisBuilder::poll_interval`] says otherwise.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How often followers poll while keyspace notifications are on, in case one was lost.
 pub const SAFETY_NET_POLL: Duration = Duration::from_secs(5);
-/// After a release by a contender of a backend whose followers poll, how many poll intervals
-/// the backend's other contenders leave the free key to followers in other processes (which
-/// would otherwise lose the race to the resigning campaign's own retry).
-pub const COURTESY_POLLS: u32 = 4;
 /// How long one request may take unless [`RedisConfig::timeout`] says otherwise.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -160,6 +157,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct RedisConfig {
     host: String,
     port: u16,
+    /// TLS (`rediss://`), and the CA file that signs the server's certificate (`None`: the
+    /// system's roots).
+    #[cfg(feature = "redis-tls")]
+    tls: Option<Option<std::path::PathBuf>>,
     db: i64,
     username: Option<String>,
     password: Option<String>,
@@ -171,6 +172,7 @@ impl fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("tls", &self.tls_shown())
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
@@ -197,6 +199,8 @@ impl RedisConfig {
                 .trim_end_matches(']')
                 .to_owned(),
             port,
+            #[cfg(feature = "redis-tls")]
+            tls: None,
             db: 0,
             username: None,
             password: None,
@@ -229,6 +233,35 @@ impl RedisConfig {
         self
     }
 
+    /// Talks TLS to the server (`rediss://`), checking its certificate against the system's
+    /// root certificates and its host name against `host`. Feature `redis-tls`.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls(mut self) -> Self {
+        self.tls.get_or_insert(None);
+        self
+    }
+
+    /// Talks TLS to the server, checking its certificate against the CA certificates in the
+    /// PEM file at `path` (instead of the system's roots), and its host name against `host`.
+    /// The file is read at connect. Feature `redis-tls`.
+    #[cfg(feature = "redis-tls")]
+    pub fn ca_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls = Some(Some(path.into()));
+        self
+    }
+
+    /// How `Debug` shows TLS: off, on with the system's roots, or the CA file.
+    fn tls_shown(&self) -> String {
+        #[cfg(feature = "redis-tls")]
+        match &self.tls {
+            None => "off".to_owned(),
+            Some(None) => "system roots".to_owned(),
+            Some(Some(path)) => format!("CA file {}", path.display()),
+        }
+        #[cfg(not(feature = "redis-tls"))]
+        "off".to_owned()
+    }
+
     fn client(&self) -> Result<Client> {
         if self.host.is_empty() || self.port == 0 {
             return Err(Error::InvalidConfig {
@@ -246,11 +279,56 @@ impl RedisConfig {
         if let Some(password) = &self.password {
             redis = redis.set_password(password);
         }
+        #[cfg(feature = "redis-tls")]
+        if let Some(ca_file) = &self.tls {
+            return self.tls_client(ca_file.as_deref(), redis);
+        }
         let info = ConnectionAddr::Tcp(self.host.clone(), self.port)
             .into_connection_info()
             .map_err(from_redis)?
             .set_redis_settings(redis);
         Client::open(info).map_err(from_redis)
+    }
+
+    #[cfg(feature = "redis-tls")]
+    fn tls_client(
+        &self,
+        ca_file: Option<&std::path::Path>,
+        redis: RedisConnectionInfo,
+    ) -> Result<Client> {
+        let root_cert = match ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|error| Error::InvalidConfig {
+                backend: NAME,
+                reason: format!(
+                    "cannot read the CA file {}: {error}; name a PEM file of the CA \
+                     certificates that sign the Redis server's certificate",
+                    path.display()
+                ),
+            })?),
+            None => None,
+        };
+        // The `redis` crate builds its rustls configuration with the process's default
+        // crypto provider; with more than one compiled in (ring here, aws-lc-rs through other
+        // dependencies) there is none until someone installs one. An application that chose
+        // one keeps it: this only installs ring where nothing was installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let info = ConnectionAddr::TcpTls {
+            host: self.host.clone(),
+            port: self.port,
+            insecure: false,
+            tls_params: None,
+        }
+        .into_connection_info()
+        .map_err(from_redis)?
+        .set_redis_settings(redis);
+        let certificates = ::redis::TlsCertificates {
+            client_tls: None,
+            root_cert,
+        };
+        Client::build_with_tls(info, certificates).map_err(|error| Error::InvalidConfig {
+            backend: NAME,
+            reason: format!("the TLS settings are unusable: {error}"),
+        })
     }
 }
 
@@ -269,35 +347,10 @@ pub enum Notifications {
     Off,
 }
 
-/// Settings for a [`RedisBackend`] beyond the connection's: made by
-/// [`RedisBackend::builder`], finished by [`connect`](RedisBuilder::connect).
-#[derive(Clone, Debug)]
-pub struct RedisBuilder {
-    config: RedisConfig,
-    prefix: String,
-    poll_interval: Duration,
-    notifications: Notifications,
-}
-
-impl RedisBuilder {
-    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`]): the election
-    /// `jobs/a` lives at `<prefix>jobs/a`, its fencing counter at `<prefix>jobs/a:fencing`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// How often followers poll when keyspace notifications are off (default
-    /// [`DEFAULT_POLL_INTERVAL`]), jittered by ±25 %. A hand-off then takes about half of it
-    /// on average; each follower sends one `EVALSHA` per poll.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-
+impl PolledBuilder<Settings> {
     /// Whether followers use keyspace notifications; default [`Notifications::Auto`].
     pub fn notifications(mut self, notifications: Notifications) -> Self {
-        self.notifications = notifications;
+        self.store.notifications = notifications;
         self
     }
 
@@ -307,12 +360,7 @@ impl RedisBuilder {
     /// [`Error::Unauthorized`] for refused credentials, [`Error::Unavailable`] when the
     /// server cannot be reached.
     pub async fn connect(self) -> Result<RedisBackend> {
-        if self.poll_interval.is_zero() {
-            return Err(Error::InvalidConfig {
-                backend: NAME,
-                reason: "the poll interval must be above zero (e.g. 500ms)".into(),
-            });
-        }
+        self.check_poll(NAME)?;
         if self.prefix.contains(['?', '#', '*', '[', ']', '\\']) {
             return Err(Error::InvalidConfig {
                 backend: NAME,
@@ -323,10 +371,14 @@ impl RedisBuilder {
                 ),
             });
         }
-        let client = self.config.client()?;
+        let Settings {
+            config,
+            notifications,
+        } = self.store;
+        let client = config.client()?;
         let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.config.timeout))
-            .set_response_timeout(Some(self.config.timeout))
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
             .set_number_of_retries(1);
         let mut conn = client
             .get_connection_manager_with_config(manager)
@@ -336,7 +388,7 @@ impl RedisBuilder {
             .query_async(&mut conn)
             .await
             .map_err(from_redis)?;
-        let notifier = match self.notifications {
+        let notifier = match notifications {
             Notifications::Off => {
                 tracing::info!(
                     poll = ?self.poll_interval,
@@ -348,41 +400,38 @@ impl RedisBuilder {
                 notify::start(
                     &client,
                     &mut conn,
-                    self.config.db,
+                    config.db,
                     &self.prefix,
                     mode == Notifications::Auto,
-                    self.config.timeout,
+                    config.timeout,
                 )
                 .await
             }
         };
-        let wakeup = match notifier {
+        let (wakeup, poll) = match notifier {
             Some(_) => {
                 tracing::info!(
                     safety_net = ?SAFETY_NET_POLL,
                     "redis: followers wake on keyspace notifications"
                 );
-                Wakeup::Push
+                (Wakeup::Push, SAFETY_NET_POLL)
             }
             None => {
                 tracing::info!(poll = ?self.poll_interval, "redis: followers poll");
-                Wakeup::Poll(self.poll_interval)
+                (Wakeup::Poll(self.poll_interval), self.poll_interval)
             }
         };
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                config: self.config,
-                conn,
-                prefix: self.prefix,
-                poll_interval: self.poll_interval,
-                wakeup,
-                notifier,
-                sessions: SessionPool::default(),
-                seen: Mutex::new(HashMap::new()),
-                released: Mutex::new(HashMap::new()),
-                courtesy: Mutex::new(HashMap::new()),
-            }),
-        })
+        let info = BackendInfo {
+            min_ttl: MIN_TTL,
+            max_ttl: MAX_TTL,
+            ..polled::info(NAME, wakeup)
+        };
+        let store = RedisStore {
+            config,
+            conn,
+            notifier,
+        };
+        Ok(PolledBackend::new(store, self.prefix, poll, info))
     }
 }
 
@@ -392,41 +441,9 @@ impl RedisBuilder {
 ///
 /// `Debug` output shows the address, database, user name and prefix, never the password.
 /// See the [module docs](self) for how elections work on Redis, and what they cannot survive.
-#[derive(Clone)]
-pub struct RedisBackend {
-    inner: Arc<Inner>,
-}
+pub type RedisBackend = PolledBackend<RedisStore>;
 
-struct Inner {
-    config: RedisConfig,
-    conn: ConnectionManager,
-    prefix: String,
-    poll_interval: Duration,
-    wakeup: Wakeup,
-    /// The keyspace notifications, when they are on.
-    notifier: Option<notify::Notifier>,
-    sessions: SessionPool<session::Shared>,
-    /// The highest fencing token seen per election key, the floor of the next acquisition.
-    seen: Mutex<HashMap<String, u64>>,
-    /// Bumped per key when a contender of this backend releases it: followers in this
-    /// process wake at once, whatever the notifications.
-    released: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
-    /// Per key released by this backend while followers poll, until when it is left to the
-    /// others.
-    courtesy: Mutex<HashMap<String, tokio::time::Instant>>,
-}
-
-impl fmt::Debug for RedisBackend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisBackend")
-            .field("config", &self.inner.config)
-            .field("prefix", &self.inner.prefix)
-            .field("wakeup", &self.inner.wakeup)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RedisBackend {
+impl PolledBackend<RedisStore> {
     /// The server at `address` (`host:port`), database 0, without credentials, default
     /// settings. See [`RedisBuilder::connect`] for the errors.
     pub async fn connect(address: impl Into<String>) -> Result<RedisBackend> {
@@ -435,158 +452,29 @@ impl RedisBackend {
 
     /// Starts configuring a backend on the server described by `config`.
     pub fn builder(config: RedisConfig) -> RedisBuilder {
-        RedisBuilder {
+        PolledBuilder::new(Settings {
             config,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            poll_interval: DEFAULT_POLL_INTERVAL,
             notifications: Notifications::Auto,
-        }
-    }
-
-    /// The key of `election`: `<prefix><election>`.
-    pub fn key(&self, election: &str) -> String {
-        format!("{}{election}", self.inner.prefix)
-    }
-
-    /// The fencing counter of `election`: `<prefix><election>:fencing`.
-    pub fn counter_key(&self, election: &str) -> String {
-        format!("{}{election}:fencing", self.inner.prefix)
-    }
-
-    /// The ids of the sessions this backend keeps alive now (process-local, random), for
-    /// tooling and tests.
-    pub fn session_ids(&self) -> Vec<String> {
-        let sessions = self.inner.sessions.sessions();
-        sessions.iter().map(|shared| shared.id.clone()).collect()
+        })
     }
 
     /// Whether followers wake on keyspace notifications (else they poll).
     pub fn notifications_active(&self) -> bool {
-        self.inner.notifier.is_some()
-    }
-
-    fn conn(&self) -> ConnectionManager {
-        self.inner.conn.clone()
-    }
-
-    /// Notes a token seen for `key`; returns the highest seen so far.
-    fn saw(&self, key: &str, token: Option<u64>) -> u64 {
-        let mut seen = lock(&self.inner.seen);
-        let highest = seen.entry(key.to_owned()).or_insert(0);
-        if let Some(token) = token {
-            *highest = (*highest).max(token);
-        }
-        *highest
-    }
-
-    /// A wake-up for changes of `key`, when notifications are on.
-    fn subscribe(&self, key: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.notifier.as_ref().map(|n| n.subscribe(key))
-    }
-
-    /// The jittered pause between two polls of a follower.
-    fn poll_pause(&self) -> Duration {
-        let base = match self.inner.notifier {
-            Some(_) => SAFETY_NET_POLL,
-            None => self.inner.poll_interval,
-        };
-        base.mul_f64(0.75 + fastrand::f64() * 0.5)
-    }
-
-    /// Changes whenever a contender of this backend releases `key`.
-    fn releases(&self, key: &str) -> tokio::sync::watch::Receiver<u64> {
-        lock(&self.inner.released)
-            .entry(key.to_owned())
-            .or_insert_with(|| tokio::sync::watch::Sender::new(0))
-            .subscribe()
-    }
-
-    /// After a contender of this backend released `key`: wakes this backend's followers of
-    /// it, and while followers poll, leaves the key to the others for four poll intervals
-    /// (see [`RedisContender`]).
-    fn released(&self, key: &str) {
-        {
-            let mut released = lock(&self.inner.released);
-            if let Some(sender) = released.get(key) {
-                if sender.receiver_count() == 0 {
-                    released.remove(key);
-                } else {
-                    sender.send_modify(|n| *n = n.wrapping_add(1));
-                }
-            }
-        }
-        if self.inner.notifier.is_none() {
-            let until = tokio::time::Instant::now() + self.inner.poll_interval * COURTESY_POLLS;
-            lock(&self.inner.courtesy).insert(key.to_owned(), until);
-        }
-    }
-
-    /// The end of the courtesy for `key`, while it runs.
-    fn courtesy(&self, key: &str) -> Option<tokio::time::Instant> {
-        let mut courtesy = lock(&self.inner.courtesy);
-        let now = tokio::time::Instant::now();
-        courtesy.retain(|_, until| *until > now);
-        courtesy.get(key).copied()
-    }
-
-    /// Sleeps until the next poll, a notification for the key, or a release of it by this
-    /// backend; whether the release ended it.
-    ///
-    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
-    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
-    /// again): the poll keeps its pace instead of starting over.
-    async fn pause(
-        &self,
-        wake: &mut Option<tokio::sync::watch::Receiver<u64>>,
-        local: &mut tokio::sync::watch::Receiver<u64>,
-        poll_at: &mut Option<tokio::time::Instant>,
-    ) -> bool {
-        let at = *poll_at.get_or_insert_with(|| tokio::time::Instant::now() + self.poll_pause());
-        let pause = tokio::time::sleep_until(at);
-        tokio::pin!(pause);
-        let notified = async {
-            let changed = match wake {
-                Some(wake) => wake.changed().await.is_ok(),
-                None => false,
-            };
-            if !changed {
-                // No notifications, or the notifier is gone: only the poll.
-                std::future::pending::<()>().await;
-            }
-        };
-        let released = tokio::select! {
-            changed = local.changed() => changed.is_ok(),
-            () = notified => false,
-            () = &mut pause => false,
-        };
-        *poll_at = None;
-        released
+        self.store().notifier.is_some()
     }
 }
 
-impl Backend for RedisBackend {
-    type Session = RedisSession;
-    type Observer = RedisObserver;
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: self.inner.wakeup,
-            renew_divisor: 3,
-            max_lock_delay: None,
-        }
-    }
-
-    async fn open_session(&self, options: &SessionOptions) -> Result<RedisSession> {
-        session::open(self, options).await
-    }
-
-    async fn observe(&self, election: &str) -> Result<RedisObserver> {
-        Ok(RedisObserver::new(self.clone(), self.key(election)))
-    }
-}
+/// A session on Redis: process-local, alive as long as one script renews every key its
+/// elections hold, every renew interval. Closing (or dropping) the last handle deletes the
+/// keys it still holds.
+pub type RedisSession = PolledSession<RedisStore>;
+/// One session's claim on one Redis election, the key `<prefix><election>`: taken by one
+/// script (`INCR` of the counter and `SET NX PX` of the key, atomically); see the
+/// [module docs](self).
+pub type RedisContender = PolledContender<RedisStore>;
+/// Follows the holder of one Redis election: a `GET` of its key at each keyspace
+/// notification for it (when they are on) or jittered poll.
+pub type RedisObserver = PolledObserver<RedisStore>;
 
 /// Maps a `redis` crate error: refused credentials, an unreachable server, or anything else.
 fn from_redis(error: RedisError) -> Error {

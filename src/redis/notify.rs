@@ -1,8 +1,7 @@
 //! Keyspace notifications: one pub/sub connection per backend, waking the followers of a key
 //! when it is deleted, expires or is set.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Client;
@@ -11,7 +10,7 @@ use futures_core::Stream;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::backend::lock;
+use crate::backend::polled::Wakes;
 use crate::config::Backoff;
 
 /// The flags this backend needs in `notify-keyspace-events`: keyspace events (`K`) for
@@ -26,41 +25,14 @@ const RECONNECT: Backoff = Backoff {
 
 /// The wake-ups of the keys followed in this process. Dropping it stops the listener.
 pub(super) struct Notifier {
-    keys: Arc<Keys>,
+    keys: Arc<Wakes>,
     _stop: DropGuard,
-}
-
-#[derive(Default)]
-struct Keys(Mutex<HashMap<String, watch::Sender<u64>>>);
-
-impl Keys {
-    fn bump(&self, key: &str) {
-        let mut keys = lock(&self.0);
-        if let Some(sender) = keys.get(key) {
-            if sender.receiver_count() == 0 {
-                keys.remove(key);
-            } else {
-                sender.send_modify(|n| *n = n.wrapping_add(1));
-            }
-        }
-    }
-
-    fn bump_all(&self) {
-        let mut keys = lock(&self.0);
-        keys.retain(|_, sender| sender.receiver_count() > 0);
-        for sender in keys.values() {
-            sender.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
 }
 
 impl Notifier {
     /// A receiver that changes whenever `key` is deleted, expires or is set.
     pub fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
-        let mut keys = lock(&self.keys.0);
-        keys.entry(key.to_owned())
-            .or_insert_with(|| watch::Sender::new(0))
-            .subscribe()
+        self.keys.subscribe(key)
     }
 }
 
@@ -158,7 +130,7 @@ pub(super) async fn start(
             return None;
         }
     };
-    let keys = Arc::new(Keys::default());
+    let keys = Arc::new(Wakes::default());
     let stop = CancellationToken::new();
     let listening = keys.clone();
     let client = client.clone();
@@ -201,7 +173,7 @@ async fn listen(
     pattern: String,
     channel_prefix: String,
     timeout: Duration,
-    keys: Arc<Keys>,
+    keys: Arc<Wakes>,
 ) {
     loop {
         {

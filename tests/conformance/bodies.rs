@@ -3,7 +3,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use incumbent::backend::{Backend, Leader, Observer};
+use incumbent::backend::{
+    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionOptions, Wakeup,
+};
 use incumbent::{CampaignHandle, DemotionReason, Election, LeadershipEvent, Term};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, timeout};
@@ -410,6 +412,67 @@ async fn take_turns(campaigns: [Local; 2], ttl: Duration) {
     for c in [a, b] {
         c.campaign.shutdown().await.expect("shutdown");
     }
+}
+
+/// A released lock goes to another campaign at once, also one of the same backend (process)
+/// that tries again without having been woken by the release (its poll ended just then). A
+/// backend whose followers poll holds a released key back from the campaign that released
+/// it (followers elsewhere need a poll to notice): that campaign only, by its session handle.
+#[cfg_attr(not(any(feature = "redis", feature = "memcached")), allow(dead_code))]
+pub async fn a_released_lock_goes_to_another_campaign_not_back<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let backend = store.connect().await;
+    // Two campaigns' sessions, opened with equal options as two campaigns of one election's.
+    let options = SessionOptions {
+        ttl,
+        renew_interval: ttl / 3,
+        lock_delay: None,
+        name: "conformance".into(),
+    };
+    let resigning = backend.open_session(&options).await.expect("a session");
+    let other = backend
+        .open_session(&options)
+        .await
+        .expect("another session");
+    let candidate = |id: &str| Candidate {
+        id: id.into(),
+        metadata: Default::default(),
+    };
+    let mut leader = resigning
+        .contend(ELECTION, &candidate("a"))
+        .await
+        .expect("claim");
+    let won = leader.acquire().await;
+    assert!(matches!(won, Ok(Attempt::Won { .. })), "{won:?}");
+    let mut follower = other
+        .contend(ELECTION, &candidate("b"))
+        .await
+        .expect("claim");
+    let held = follower.acquire().await;
+    assert!(matches!(held, Ok(Attempt::Held { .. })), "{held:?}");
+    leader.release().await.expect("release");
+    drop(leader);
+    if let Wakeup::Poll(_) = backend.info().wakeup {
+        // The campaign that released it retries at once, with a new claim: held back.
+        let mut again = resigning
+            .contend(ELECTION, &candidate("a"))
+            .await
+            .expect("claim");
+        let attempt = again.acquire().await;
+        assert!(
+            matches!(attempt, Ok(Attempt::Delayed { .. })),
+            "the releasing campaign's own retry: {attempt:?}"
+        );
+    }
+    let attempt = follower.acquire().await;
+    assert!(
+        matches!(attempt, Ok(Attempt::Won { .. })),
+        "the other campaign's next attempt after the release: {attempt:?}"
+    );
+    follower.release().await.expect("release");
+    resigning.close().await.expect("close");
+    other.close().await.expect("close");
 }
 
 /// The term ends the instant the leader sees its lock gone, not after it asked the store

@@ -126,7 +126,7 @@ conformance!(
 #[cfg(feature = "redis")]
 conformance!(
     redis,
-    crate::stores::Redis,
+    crate::stores::RedisNotified,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -135,9 +135,25 @@ conformance!(
         re_election_after_the_store_restarts,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+    ]
+);
+
+// Redis without keyspace notifications: followers poll, and a released key is held back
+// from the campaign that released it for a while (followers elsewhere need a poll to notice).
+#[cfg(feature = "redis")]
+conformance!(
+    redis_polled,
+    crate::stores::RedisPolled,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
     ]
 );
 
@@ -156,6 +172,7 @@ conformance!(
         re_election_after_the_store_restarts,
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,

@@ -490,34 +490,48 @@ impl Store for Zookeeper {
     }
 }
 
-/// Redis: a `redis-server` per test on loopback, without persistence, with keyspace
-/// notifications on (tests/redis.rs covers polling).
+/// Redis: a `redis-server` per test on loopback, without persistence. `Redis<true>` has
+/// keyspace notifications on (followers wake on them); `Redis<false>` has them off, and its
+/// followers poll every 100 ms.
 #[cfg(feature = "redis")]
 #[derive(Clone)]
-pub struct Redis {
+pub struct Redis<const NOTIFICATIONS: bool> {
     addr: std::net::SocketAddr,
 }
 
+/// Redis whose followers wake on keyspace notifications.
 #[cfg(feature = "redis")]
-impl Redis {
+pub type RedisNotified = Redis<true>;
+/// Redis whose followers poll.
+#[cfg(feature = "redis")]
+pub type RedisPolled = Redis<false>;
+
+#[cfg(feature = "redis")]
+impl<const NOTIFICATIONS: bool> Redis<NOTIFICATIONS> {
     async fn backend(addr: std::net::SocketAddr) -> incumbent::redis::RedisBackend {
-        incumbent::redis::RedisBackend::builder(incumbent::redis::RedisConfig::new(
+        let backend = incumbent::redis::RedisBackend::builder(incumbent::redis::RedisConfig::new(
             addr.to_string(),
         ))
         .notifications(incumbent::redis::Notifications::IfEnabled)
+        .poll_interval(Duration::from_millis(100))
         .connect()
         .await
-        .expect("connect to redis")
+        .expect("connect to redis");
+        assert_eq!(backend.notifications_active(), NOTIFICATIONS);
+        backend
     }
 }
 
 #[cfg(feature = "redis")]
-impl Store for Redis {
+impl<const NOTIFICATIONS: bool> Store for Redis<NOTIFICATIONS> {
     type Backend = incumbent::redis::RedisBackend;
     type Server = crate::support::RedisServer;
 
     async fn start() -> (Self, crate::support::RedisServer) {
-        let server = crate::support::RedisServer::with_notifications().await;
+        let server = match NOTIFICATIONS {
+            true => crate::support::RedisServer::with_notifications().await,
+            false => crate::support::RedisServer::start().await,
+        };
         let addr = server.addr();
         (Redis { addr }, server)
     }

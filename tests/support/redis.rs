@@ -1,7 +1,9 @@
 //! A Redis server on loopback, without persistence, in a temp dir.
 
 use std::io::{Read, Write};
+use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,9 +14,147 @@ use super::bin::find_binary;
 use super::net::free_addr;
 use super::process::{Probe, ServerProcess};
 
+/// Marks a [`TextServer`] that runs Redis.
+pub struct Redis;
+
 /// A `redis-server` on a free loopback port, keeping no data (no RDB, no AOF): a restart
 /// comes back empty. Killed on drop.
-pub struct RedisServer {
+pub type RedisServer = TextServer<Redis>;
+
+impl TextServer<Redis> {
+    /// Starts a server without keyspace notifications (Redis's default) and waits until it
+    /// answers `PING`.
+    pub async fn start() -> Self {
+        Self::redis(None).await
+    }
+
+    /// Starts a server that publishes keyspace notifications for generic commands, string
+    /// commands and expiries (`notify-keyspace-events Kg$x`).
+    pub async fn with_notifications() -> Self {
+        Self::redis(Some("Kg$x")).await
+    }
+
+    /// Starts a server with keyspace notifications that also listens for TLS on another
+    /// port, with a certificate for 127.0.0.1 signed by a CA made for the test (clients are
+    /// not asked for certificates). The files are in the server's temp dir.
+    pub async fn with_tls() -> (Self, RedisTls) {
+        let tls_addr = free_addr();
+        let mut files = None;
+        let server = Self::spawn_with("Kg$x", |args, dir| {
+            let made = RedisTls::make(dir, tls_addr);
+            args.extend(
+                [
+                    "--tls-port",
+                    &tls_addr.port().to_string(),
+                    "--tls-cert-file",
+                    &made.dir_file("server.pem"),
+                    "--tls-key-file",
+                    &made.dir_file("server.key"),
+                    "--tls-ca-cert-file",
+                    &made.ca.display().to_string(),
+                    "--tls-auth-clients",
+                    "no",
+                ]
+                .map(String::from),
+            );
+            files = Some(made);
+        })
+        .await;
+        (server, files.expect("the certificates were made"))
+    }
+
+    async fn redis(notifications: Option<&str>) -> Self {
+        Self::spawn_with(notifications.unwrap_or(""), |_, _| {}).await
+    }
+
+    /// A server with `notifications` as `notify-keyspace-events` (empty: none), and the
+    /// arguments `more` adds.
+    async fn spawn_with(notifications: &str, more: impl FnOnce(&mut Vec<String>, &Path)) -> Self {
+        let args = |addr: SocketAddr, dir: &Path| {
+            let mut args: Vec<String> = vec![
+                "--port".into(),
+                addr.port().to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--save".into(),
+                String::new(),
+                "--appendonly".into(),
+                "no".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+            ];
+            if !notifications.is_empty() {
+                args.extend(["--notify-keyspace-events".into(), notifications.into()]);
+            }
+            more(&mut args, dir);
+            args
+        };
+        let server = TextServer::spawn("redis", "redis-server", args, b"PING\r\n", |body| {
+            body.starts_with("+PONG")
+        });
+        server.await
+    }
+}
+
+/// Where a TLS Redis listens, and the files a client needs.
+pub struct RedisTls {
+    /// The TLS port's address.
+    pub addr: SocketAddr,
+    /// The PEM file of the CA that signed the server's certificate.
+    pub ca: PathBuf,
+    /// The PEM file of a CA that signed nothing the server has.
+    pub other_ca: PathBuf,
+}
+
+impl RedisTls {
+    /// Writes a CA, another CA and a server certificate for 127.0.0.1 into `dir`, with the
+    /// `openssl` command.
+    fn make(dir: &Path, addr: SocketAddr) -> RedisTls {
+        let openssl = |args: &str| {
+            let output = std::process::Command::new("openssl")
+                .args(args.split(' '))
+                .current_dir(dir)
+                .output()
+                .expect("run openssl (Debian: apt-get install openssl)");
+            assert!(output.status.success(), "openssl {args}: {output:?}");
+        };
+        let key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        for ca in ["ca", "other-ca"] {
+            openssl(&format!(
+                "req -x509 -days 1 -subj /CN={ca} {key} -keyout {ca}.key -out {ca}.pem \
+                 -addext basicConstraints=critical,CA:TRUE \
+                 -addext keyUsage=critical,keyCertSign,cRLSign"
+            ));
+        }
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
+             extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n",
+        )
+        .expect("write the extensions");
+        openssl(&format!(
+            "req -subj /CN=redis {key} -keyout server.key -out server.csr"
+        ));
+        openssl(
+            "x509 -req -days 1 -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+             -extfile server.ext -out server.pem",
+        );
+        RedisTls {
+            addr,
+            ca: dir.join("ca.pem"),
+            other_ca: dir.join("other-ca.pem"),
+        }
+    }
+
+    fn dir_file(&self, name: &str) -> String {
+        self.ca.with_file_name(name).display().to_string()
+    }
+}
+
+/// A server that speaks a text protocol (`K`: Redis, memcached) on a free loopback port, in
+/// a temp dir, killed on drop.
+pub struct TextServer<K> {
+    kind: PhantomData<K>,
     process: ServerProcess,
     addr: SocketAddr,
     _probe: TextProbe,
@@ -22,55 +162,38 @@ pub struct RedisServer {
     _dir: TempDir,
 }
 
-impl RedisServer {
-    /// Starts a server without keyspace notifications (Redis's default) and waits until it
-    /// answers `PING`.
-    pub async fn start() -> Self {
-        Self::spawn(None).await
-    }
-
-    /// Starts a server that publishes keyspace notifications for generic commands, string
-    /// commands and expiries (`notify-keyspace-events Kg$x`).
-    pub async fn with_notifications() -> Self {
-        Self::spawn(Some("Kg$x")).await
-    }
-
-    async fn spawn(notifications: Option<&str>) -> Self {
+impl<K> TextServer<K> {
+    /// Starts `binary` (looked up on PATH) with the arguments `args` gives for its address
+    /// and temp dir, and waits until its answer to `request` passes `ready`.
+    pub async fn spawn(
+        name: &'static str,
+        binary: &str,
+        args: impl FnOnce(SocketAddr, &Path) -> Vec<String>,
+        request: &'static [u8],
+        ready: fn(&str) -> bool,
+    ) -> Self {
         let dir = tempfile::Builder::new()
-            .prefix("incumbent-redis-")
+            .prefix(&format!("incumbent-{name}-"))
             .tempdir()
-            .expect("create redis temp dir");
-        let redis = find_binary("redis-server");
+            .expect("create the server's temp dir");
+        let binary = find_binary(binary);
         let addr = free_addr();
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            addr.port().to_string(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            String::new(),
-            "--appendonly".into(),
-            "no".into(),
-            "--dir".into(),
-            dir.path().display().to_string(),
-        ];
-        if let Some(flags) = notifications {
-            args.extend(["--notify-keyspace-events".into(), flags.into()]);
-        }
-        let probe = TextProbe::start(addr, b"PING\r\n");
+        let args = args(addr, dir.path());
+        let probe = TextProbe::start(addr, request);
         let mut process = ServerProcess::spawn(
-            "redis",
-            redis,
+            name,
+            binary,
             args,
             dir.path(),
             Probe::Http {
                 addr: probe.addr,
                 path: "/",
-                check: |body| body.starts_with("+PONG"),
+                check: ready,
             },
         );
         process.wait_ready().await;
-        RedisServer {
+        TextServer {
+            kind: PhantomData,
             process,
             addr,
             _probe: probe,

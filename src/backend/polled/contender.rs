@@ -1,0 +1,463 @@
+//! One session's claim on one election's key, and observers of the key.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::session::{Held, Shared};
+use super::{Acquired, Claim, PolledBackend, Store};
+use crate::backend::{
+    Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, Observer, lock, unix_ms_now,
+};
+use crate::{Error, Result};
+
+/// Tells the contenders of one process apart, in owner ids.
+static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
+
+/// The stored value around the token: the JSON object of `leader` (without a token) with
+/// the owner added, split where `"fencing_token":<token>` goes in.
+fn value_parts(leader: &Leader, owner: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut object = match serde_json::to_value(Leader {
+        fencing_token: None,
+        ..leader.clone()
+    }) {
+        Ok(serde_json::Value::Object(object)) => object,
+        _ => serde_json::Map::new(),
+    };
+    object.insert("owner".into(), serde_json::Value::String(owner.to_owned()));
+    let rest = serde_json::Value::Object(object).to_string();
+    // `rest` is `{...}` with at least the owner inside: the token goes first.
+    let inner = rest.strip_prefix('{').unwrap_or(&rest);
+    (
+        b"{\"fencing_token\":".to_vec(),
+        format!(",{inner}").into_bytes(),
+    )
+}
+
+/// `before`, `token`, `after`: a stored value.
+fn value_with(before: &[u8], token: FencingToken, after: &[u8]) -> Vec<u8> {
+    [before, token.to_string().as_bytes(), after].concat()
+}
+
+/// One session's claim on one election: the key `<prefix><election>`.
+///
+/// - [`acquire`](Contender::acquire) takes the key while it is absent, with a new token from
+///   the election's counter (raised first to the highest token this backend saw, so tokens
+///   grow even when the store lost its data; then the lock is led only a ttl later,
+///   [`Attempt::Delayed`], when the last leader has surely noticed its loss). Calling it
+///   again while leading returns the same token, after checking the key is still ours.
+/// - [`wait`](Contender::wait) returns on a change the store pushed (Redis keyspace
+///   notifications), a release of the key in this backend, an observer of this backend
+///   finding the key free (the campaign's own observer polls too), or after the jittered
+///   poll.
+/// - [`lost`](Contender::lost) resolves when the session's renewal finds the key gone
+///   ([`LockLoss::Deleted`]) or another's ([`LockLoss::Taken`]), or when the session is lost.
+///   [`explain`](Contender::explain) tells a vanished key from a store that lost its data
+///   (the counter gone or below our token).
+/// - [`release`](Contender::release) deletes the key if it still holds our value, and wakes
+///   this backend's followers of it. While followers poll, the contenders of the session
+///   handle that released it (the resigning campaign's) leave the free key alone for
+///   [`COURTESY_POLLS`](super::COURTESY_POLLS) poll intervals ([`Attempt::Delayed`]):
+///   followers in other processes poll, and without it a resigning leader's campaign would
+///   win its own lock back every time. Every other campaign, in this process too, may take
+///   it at once.
+pub struct PolledContender<S: Store> {
+    session: Arc<Shared<S>>,
+    key: String,
+    counter: String,
+    candidate: Candidate,
+    /// `<session id>/<contender>`: written into the value, so that no two contenders (even
+    /// of one session) ever hold the same value.
+    owner: String,
+    /// The session handle (one per campaign) this contender came from.
+    handle: u64,
+    /// Our current value while we hold the key.
+    value: Vec<u8>,
+    /// The fencing token while we hold the lock.
+    held: Option<FencingToken>,
+    /// The token of the last term, for `explain`.
+    last: Option<FencingToken>,
+    /// Told by the session's renewal when the key is lost.
+    loss: Option<watch::Receiver<Option<LockLoss>>>,
+    /// Changes of the key the store pushes, where it does.
+    pushed: Option<watch::Receiver<u64>>,
+    /// Releases of the key by this backend's contenders.
+    local: watch::Receiver<u64>,
+    /// The key read free by this backend's observers.
+    freed: watch::Receiver<u64>,
+    /// When the pending poll of `wait` is due.
+    poll_at: Option<Instant>,
+}
+
+impl<S: Store> std::fmt::Debug for PolledContender<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolledContender")
+            .field("store", &S::NAME)
+            .field("key", &self.key)
+            .field("owner", &self.owner)
+            .field("held", &self.held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> PolledContender<S> {
+    pub(super) fn new(
+        session: Arc<Shared<S>>,
+        election: &str,
+        candidate: Candidate,
+        handle: u64,
+    ) -> Self {
+        let backend = &session.backend;
+        let (key, counter) = (backend.key(election), backend.counter_key(election));
+        let owner = format!(
+            "{}/{}",
+            session.id,
+            NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed)
+        );
+        let pushed = backend.store().subscribe(&key);
+        let local = backend.releases(&key);
+        let freed = backend.frees(&key);
+        PolledContender {
+            session,
+            key,
+            counter,
+            candidate,
+            owner,
+            handle,
+            value: Vec::new(),
+            held: None,
+            last: None,
+            loss: None,
+            pushed,
+            local,
+            freed,
+            poll_at: None,
+        }
+    }
+
+    fn backend(&self) -> &PolledBackend<S> {
+        &self.session.backend
+    }
+
+    /// Stops renewing our key (if the session still does), without telling a loss.
+    fn forget(&mut self) {
+        let mut held = lock(&self.session.held);
+        if held.get(&self.key).is_some_and(|h| h.value == self.value) {
+            held.remove(&self.key);
+        }
+        drop(held);
+        self.held = None;
+        self.loss = None;
+    }
+
+    fn not_held(&self, what: &str) -> Error {
+        Error::Store {
+            backend: S::NAME,
+            reason: format!(
+                "cannot {what}: the lock on {} is not held by this candidate",
+                self.key
+            ),
+        }
+    }
+}
+
+impl<S: Store> Contender for PolledContender<S> {
+    async fn acquire(&mut self) -> Result<Attempt> {
+        // Changes from now on wake `wait`.
+        if let Some(pushed) = &mut self.pushed {
+            pushed.borrow_and_update();
+        }
+        self.local.borrow_and_update();
+        self.freed.borrow_and_update();
+        let session = self.session.clone();
+        let store = session.backend.store();
+        if let Some(fencing_token) = self.held {
+            if store.read(&self.key).await?.as_deref() == Some(self.value.as_slice()) {
+                return Ok(Attempt::Won { fencing_token });
+            }
+            self.forget();
+        }
+        if let Some(until) = self.backend().courtesy(&self.key, self.handle) {
+            // Our campaign released the lock a moment ago and followers poll: those in other
+            // processes would lose the race to our own retry every time.
+            return Ok(Attempt::Delayed { until });
+        }
+        let leader = Leader {
+            candidate: self.candidate.clone(),
+            fencing_token: None,
+            since_unix_ms: Some(unix_ms_now()),
+        };
+        let (before, after) = value_parts(&leader, &self.owner);
+        let floor = self.backend().saw(&self.key, None);
+        let claim = Claim {
+            key: &self.key,
+            counter: &self.counter,
+            before: &before,
+            after: &after,
+            ttl: self.session.options.ttl,
+            floor,
+        };
+        let (fencing_token, went_back) = match store.acquire(claim).await? {
+            Acquired::Won { token, went_back } => (token, went_back),
+            Acquired::Held(holder) => {
+                if let Some(value) = &holder {
+                    self.backend().read_by_contender(&self.key, value);
+                }
+                let holder = holder.map(|value| Leader::from_bytes(&value));
+                if let Some(holder) = &holder {
+                    self.backend().saw(&self.key, holder.fencing_token);
+                }
+                return Ok(Attempt::Held { holder });
+            }
+        };
+        self.backend().saw(&self.key, Some(fencing_token));
+        self.value = value_with(&before, fencing_token, &after);
+        self.backend().read_by_contender(&self.key, &self.value);
+        let (loss, lost) = watch::channel(None);
+        lock(&self.session.held).insert(
+            self.key.clone(),
+            Held {
+                value: self.value.clone(),
+                changing: false,
+                loss,
+            },
+        );
+        self.held = Some(fencing_token);
+        self.last = Some(fencing_token);
+        self.loss = Some(lost);
+        if went_back {
+            // The counter went back: the store lost its data (a restart, a failover, an
+            // eviction), so the last leader may not know yet that its key is gone. It stops
+            // within its renew deadline, which is shorter than the ttl: we hold the key (and
+            // renew it) but lead only a ttl from now. The next `acquire` finds the key ours.
+            let until = Instant::now() + self.session.options.ttl;
+            tracing::warn!(
+                store = S::NAME,
+                key = %self.key,
+                floor,
+                fencing_token,
+                "the fencing counter went back (the store lost its data); taking the lock \
+                 but leading only after a ttl, when the last leader has surely stopped"
+            );
+            return Ok(Attempt::Delayed { until });
+        }
+        Ok(Attempt::Won { fencing_token })
+    }
+
+    async fn wait(&mut self) -> Result<()> {
+        let backend = self.session.backend.clone();
+        backend
+            .pause(
+                &mut self.pushed,
+                &mut self.local,
+                Some(&mut self.freed),
+                &mut self.poll_at,
+            )
+            .await;
+        Ok(())
+    }
+
+    async fn lost(&mut self) -> LockLoss {
+        crate::backend::keepalive::held_key_lost(
+            self.session.keepalive_health(),
+            self.loss.as_mut(),
+        )
+        .await
+    }
+
+    /// A vanished key whose counter is gone or below our token: the store lost its data.
+    async fn explain(&mut self, loss: LockLoss) -> LockLoss {
+        if loss != LockLoss::Deleted {
+            return loss;
+        }
+        let Some(token) = self.last else { return loss };
+        match self.backend().store().counter(&self.counter).await {
+            Ok(counter) if counter.is_none_or(|c| c < token) => {
+                tracing::warn!(
+                    store = S::NAME,
+                    key = %self.key,
+                    token,
+                    ?counter,
+                    "the store lost the lock and its fencing counter: restarted without \
+                     persistence, failed over to a replica that lacked them, flushed or evicted"
+                );
+                LockLoss::SessionLost
+            }
+            Ok(_) => loss,
+            Err(error) => {
+                tracing::debug!(%error, "could not read the fencing counter after losing the lock");
+                loss
+            }
+        }
+    }
+
+    async fn proclaim(&mut self, leader: &Leader) -> Result<()> {
+        let Some(fencing_token) = self.held else {
+            return Err(self.not_held("proclaim"));
+        };
+        let (before, after) = value_parts(leader, &self.owner);
+        let value = value_with(&before, fencing_token, &after);
+        if let Some(held) = lock(&self.session.held).get_mut(&self.key) {
+            held.changing = true;
+        }
+        let ttl = self.session.options.ttl;
+        let done = self
+            .backend()
+            .store()
+            .replace(&self.key, &self.value, &value, ttl)
+            .await;
+        if let Some(held) = lock(&self.session.held).get_mut(&self.key) {
+            if matches!(done, Ok(true)) {
+                held.value = value.clone();
+            }
+            held.changing = false;
+        }
+        if !done? {
+            return Err(self.not_held("proclaim"));
+        }
+        self.value = value;
+        Ok(())
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        if self.held.is_none() {
+            return Ok(());
+        }
+        let released = self.backend().store().release(&self.key, &self.value).await;
+        self.forget();
+        self.backend().released(&self.key, self.handle);
+        released
+    }
+}
+
+impl<S: Store> Drop for PolledContender<S> {
+    /// Stops renewing the key: it expires within a ttl.
+    fn drop(&mut self) {
+        self.forget();
+    }
+}
+
+/// Follows the holder of one election: the key's value while it exists, `None` while it
+/// does not.
+///
+/// The first [`next`](Observer::next) reads the key at once; later ones read it again at
+/// each change the store pushes, release in this backend or jittered poll, and return when
+/// the holder changed. While a contender of the same backend polls the key (a follower's
+/// campaign: its observer and its contender), the observer takes the contender's reads as
+/// its own and sends none: one request per poll per process. An error (the store cannot be
+/// reached) is returned as it comes.
+pub struct PolledObserver<S: Store> {
+    backend: PolledBackend<S>,
+    key: String,
+    /// The holder last reported; `None` before the first report.
+    last: Option<Option<Leader>>,
+    pushed: Option<watch::Receiver<u64>>,
+    local: watch::Receiver<u64>,
+    /// The reads of the key by this backend's contenders.
+    reads: watch::Receiver<Option<Vec<u8>>>,
+    poll_at: Option<Instant>,
+}
+
+impl<S: Store> std::fmt::Debug for PolledObserver<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolledObserver")
+            .field("store", &S::NAME)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> PolledObserver<S> {
+    pub(super) fn new(backend: PolledBackend<S>, key: String) -> Self {
+        let pushed = backend.store().subscribe(&key);
+        let local = backend.releases(&key);
+        let reads = backend.reads(&key);
+        PolledObserver {
+            backend,
+            key,
+            last: None,
+            pushed,
+            local,
+            reads,
+            poll_at: None,
+        }
+    }
+
+    /// The next value of the key: a contender's read of it, or (at this observer's own
+    /// poll, a push or a release) its own. A contender's read postpones the own poll past
+    /// the contender's next one (which comes within 1.25 poll intervals).
+    async fn next_value(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.last.is_some() {
+            let PolledObserver {
+                backend,
+                pushed,
+                local,
+                reads,
+                poll_at,
+                ..
+            } = self;
+            let own_poll = backend.pause(pushed, local, None, poll_at);
+            tokio::select! {
+                biased;
+                Ok(()) = reads.changed() => {
+                    let poll = self.backend.inner.poll;
+                    self.poll_at = Some(Instant::now() + poll.mul_f64(1.5 + fastrand::f64() * 0.5));
+                    return Ok(self.reads.borrow_and_update().clone());
+                }
+                () = own_poll => {}
+            }
+        }
+        if let Some(pushed) = &mut self.pushed {
+            pushed.borrow_and_update();
+        }
+        self.local.borrow_and_update();
+        self.reads.borrow_and_update();
+        self.backend.store().read(&self.key).await
+    }
+}
+
+impl<S: Store> Observer for PolledObserver<S> {
+    async fn next(&mut self) -> Result<Option<Leader>> {
+        loop {
+            let value = self.next_value().await?;
+            let leader = value.map(|v| Leader::from_bytes(&v));
+            if let Some(leader) = &leader {
+                self.backend.saw(&self.key, leader.fencing_token);
+            }
+            if self.last.as_ref() != Some(&leader) {
+                if leader.is_none() && self.last.is_some() {
+                    self.backend.freed(&self.key);
+                }
+                self.last = Some(leader.clone());
+                return Ok(leader);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_value_is_a_leader_with_the_token_and_the_owner() {
+        let leader = Leader {
+            candidate: Candidate {
+                id: "a".into(),
+                metadata: [("k".to_owned(), "v".to_owned())].into(),
+            },
+            fencing_token: Some(99),
+            since_unix_ms: Some(5),
+        };
+        let (before, after) = value_parts(&leader, "s/1");
+        let value = value_with(&before, 12_345_678_901_234_567, &after);
+        let read = Leader::from_bytes(&value);
+        assert_eq!(read.fencing_token, Some(12_345_678_901_234_567));
+        assert_eq!(read.candidate, leader.candidate);
+        assert_eq!(read.since_unix_ms, Some(5));
+        let text = String::from_utf8(value).expect("utf-8");
+        assert!(text.contains("\"owner\":\"s/1\""), "{text}");
+    }
+}

@@ -1,0 +1,462 @@
+//! The core of the backends whose followers poll: Redis and memcached.
+//!
+//! Both keep one key per election, holding the leader as JSON with its fencing token, taken
+//! only while it is absent, with a token from a counter key bumped in the same step. Neither
+//! store knows sessions: a session is process-local (a random id and the keys its elections
+//! hold), alive as long as one renewal per renew interval rewrites every held key whose value
+//! is still ours. Followers poll the key with jitter, unless the store pushes changes (Redis
+//! keyspace notifications).
+//!
+//! What differs between the stores is the wire: a [`Store`] takes the key, renews, replaces
+//! and releases values, reads the key and the counter. Everything else is here, once:
+//! sessions shared among elections, contenders and observers, the floor of the next token,
+//! the wake-ups of a release in this process, and the courtesy that keeps a resigning
+//! campaign from winning its own lock back before followers elsewhere had a poll.
+//!
+//! Users meet these types under their backends' names
+//! ([`RedisBackend`](crate::redis::RedisBackend),
+//! [`MemcachedContender`](crate::memcached::MemcachedContender), …). [`Store`] is sealed: the
+//! stores are this crate's.
+
+mod contender;
+mod session;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use contender::{PolledContender, PolledObserver};
+pub use session::PolledSession;
+
+use super::pool::SessionPool;
+use super::{Backend, BackendInfo, SessionOptions, Wakeup, lock};
+use crate::Result;
+
+/// After a release by a contender of a backend whose followers poll, how many poll intervals
+/// the campaign that released the key (the session handle its contender came from) leaves
+/// it to followers in other processes: each of them polls at least once in 1.25 intervals,
+/// and would otherwise lose the race to the resigning campaign's own retry. Every other
+/// campaign, in this process too, may take the key at once.
+pub const COURTESY_POLLS: u32 = 2;
+
+/// The key prefix under which elections live unless [`PolledBuilder::prefix`] says otherwise.
+pub const DEFAULT_PREFIX: &str = "incumbent/";
+/// How often followers poll unless [`PolledBuilder::poll_interval`] says otherwise.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Settings for a backend on a store whose followers poll, made by
+/// [`RedisBackend::builder`](crate::redis::RedisBackend::builder) or
+/// [`MemcachedBackend::builder`](crate::memcached::MemcachedBackend::builder) and finished by
+/// their `connect`. `C` holds the store's own settings.
+#[derive(Clone, Debug)]
+pub struct PolledBuilder<C> {
+    pub(crate) store: C,
+    pub(crate) prefix: String,
+    pub(crate) poll_interval: Duration,
+}
+
+impl<C> PolledBuilder<C> {
+    pub(crate) fn new(store: C) -> Self {
+        PolledBuilder {
+            store,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+
+    /// The prefix of every key this backend writes (default [`DEFAULT_PREFIX`]): the election
+    /// `jobs/a` lives at `<prefix>jobs/a`, its fencing counter at `<prefix>jobs/a:fencing`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How often followers poll (default [`DEFAULT_POLL_INTERVAL`]), jittered by ±25 %: a
+    /// hand-off takes about half of it, and each follower process sends one request per
+    /// poll and election. On Redis, while keyspace notifications are off.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Refuses a zero poll interval.
+    pub(crate) fn check_poll(&self, backend: &'static str) -> Result<()> {
+        if self.poll_interval.is_zero() {
+            return Err(crate::Error::InvalidConfig {
+                backend,
+                reason: "the poll interval must be above zero (e.g. 500ms)".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What one key looked like to a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// Still ours: its expiry was restarted.
+    Renewed,
+    /// Gone.
+    Gone,
+    /// Another value: someone else holds it.
+    Other,
+}
+
+/// What taking a key found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Acquired {
+    /// Taken, with this token; `went_back` when the counter was below the floor (the store
+    /// lost its data) and was raised past it.
+    Won {
+        /// The new term's token.
+        token: u64,
+        /// Whether the counter had gone back.
+        went_back: bool,
+    },
+    /// Held by someone: its value, if it could still be read.
+    Held(Option<Vec<u8>>),
+}
+
+/// One attempt to take an election's key.
+#[derive(Clone, Copy, Debug)]
+pub struct Claim<'a> {
+    /// The election's key.
+    pub key: &'a str,
+    /// Its fencing counter.
+    pub counter: &'a str,
+    /// The value is `before`, the token in decimal, `after`.
+    pub before: &'a [u8],
+    /// See `before`.
+    pub after: &'a [u8],
+    /// How long the key lives without a renewal.
+    pub ttl: Duration,
+    /// The highest token seen for the election: the new one must be greater.
+    pub floor: u64,
+}
+
+/// Keeps [`Store`] to this crate's stores.
+pub(crate) mod sealed {
+    /// Implemented by this crate's stores only.
+    pub trait Sealed {}
+}
+
+/// The wire of a store whose followers poll: the few operations the core needs. Each is one
+/// request (or script) where the store allows it. Sealed: implemented by this crate's Redis
+/// and memcached stores.
+pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
+    /// Short name, for logs, metrics and errors.
+    const NAME: &'static str;
+
+    /// Refuses session options the store cannot honour (memcached: a ttl in whole seconds).
+    fn check(&self, _options: &SessionOptions) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether the store answers (a session's renewal while it holds no key).
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// The value of `key`, `None` while it is absent.
+    fn read(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+
+    /// The value of a fencing counter, `None` while it is absent.
+    fn counter(&self, counter: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
+
+    /// Takes the claim's key if it is absent, with a token from its counter (raised to the
+    /// floor first, so the token exceeds it).
+    fn acquire(&self, claim: Claim<'_>) -> impl Future<Output = Result<Acquired>> + Send;
+
+    /// Restarts the expiry of every key of `held` whose value is still the one given; one
+    /// state per key, in order.
+    fn renew(
+        &self,
+        held: &[(String, Vec<u8>)],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Vec<KeyState>>> + Send;
+
+    /// Replaces `key`'s value `ours` with `new` (expiry `ttl`); whether it was still `ours`.
+    fn replace(
+        &self,
+        key: &str,
+        ours: &[u8],
+        new: &[u8],
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Deletes `key` if its value is `ours`.
+    fn release(&self, key: &str, ours: &[u8]) -> impl Future<Output = Result<()>> + Send;
+
+    /// A wake-up that changes when the store says `key` changed, where it pushes changes.
+    fn subscribe(&self, _key: &str) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}
+
+/// The base of a polled backend's [`BackendInfo`]; each backend sets its ttl bounds.
+pub(crate) fn info(name: &'static str, wakeup: Wakeup) -> BackendInfo {
+    BackendInfo {
+        name,
+        min_ttl: Duration::ZERO,
+        max_ttl: Duration::MAX,
+        wakeup,
+        renew_divisor: 3,
+        max_lock_delay: None,
+    }
+}
+
+/// A backend on a [`Store`]: [`RedisBackend`](crate::redis::RedisBackend) and
+/// [`MemcachedBackend`](crate::memcached::MemcachedBackend). Cheap to clone: clones share
+/// the connection and the sessions.
+pub struct PolledBackend<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for PolledBackend<S> {
+    fn clone(&self) -> Self {
+        PolledBackend {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    prefix: String,
+    /// How followers learn of changes: pushed, or a poll at this interval.
+    wakeup: Wakeup,
+    /// The pause between two polls of a follower, before jitter.
+    poll: Duration,
+    info: BackendInfo,
+    sessions: SessionPool<session::Shared<S>>,
+    /// The highest fencing token seen per election key, the floor of the next acquisition.
+    seen: Mutex<HashMap<String, u64>>,
+    /// Bumped per key when a contender of this backend releases it: followers and observers
+    /// in this process wake at once, whatever the store pushes.
+    released: Wakes,
+    /// Bumped per key when an observer of this backend reads it free after it was held:
+    /// followers in this process try at once instead of at their own next poll.
+    freed: Wakes,
+    /// The value of each key as a contender of this backend last read it (while it polls),
+    /// for this backend's observers of the key: they need not read it themselves.
+    reads: Mutex<HashMap<String, watch::Sender<Option<Vec<u8>>>>>,
+    /// Per key released by this backend while followers poll: until when the session handle
+    /// that released it leaves it to the others, and that handle.
+    courtesy: Mutex<HashMap<String, (Instant, u64)>>,
+}
+
+impl<S: Store> fmt::Debug for PolledBackend<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolledBackend")
+            .field("store", &self.inner.store)
+            .field("prefix", &self.inner.prefix)
+            .field("wakeup", &self.inner.wakeup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> PolledBackend<S> {
+    /// A backend on `store`, its keys under `prefix`. `poll` is the pause between two polls
+    /// of a follower (jittered by ±25 %); `info.wakeup` says whether the store pushes changes
+    /// (then the poll is a safety net, and there is no courtesy after a release).
+    pub(crate) fn new(store: S, prefix: String, poll: Duration, info: BackendInfo) -> Self {
+        PolledBackend {
+            inner: Arc::new(Inner {
+                store,
+                prefix,
+                wakeup: info.wakeup,
+                poll,
+                info,
+                sessions: SessionPool::default(),
+                seen: Mutex::new(HashMap::new()),
+                released: Wakes::default(),
+                freed: Wakes::default(),
+                reads: Mutex::new(HashMap::new()),
+                courtesy: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The key of `election`: `<prefix><election>`.
+    pub fn key(&self, election: &str) -> String {
+        format!("{}{election}", self.inner.prefix)
+    }
+
+    /// The fencing counter of `election`: `<prefix><election>:fencing`.
+    pub fn counter_key(&self, election: &str) -> String {
+        format!("{}{election}:fencing", self.inner.prefix)
+    }
+
+    /// The ids of the sessions this backend keeps alive now (process-local, random), for
+    /// tooling and tests.
+    pub fn session_ids(&self) -> Vec<String> {
+        let sessions = self.inner.sessions.sessions();
+        sessions.iter().map(|shared| shared.id.clone()).collect()
+    }
+
+    pub(crate) fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// Notes a token seen for `key`; returns the highest seen so far.
+    fn saw(&self, key: &str, token: Option<u64>) -> u64 {
+        let mut seen = lock(&self.inner.seen);
+        let highest = seen.entry(key.to_owned()).or_insert(0);
+        if let Some(token) = token {
+            *highest = (*highest).max(token);
+        }
+        *highest
+    }
+
+    /// Changes whenever a contender of this backend releases `key`.
+    fn releases(&self, key: &str) -> watch::Receiver<u64> {
+        self.inner.released.subscribe(key)
+    }
+
+    /// The reads of `key` by this backend's contenders.
+    fn reads(&self, key: &str) -> watch::Receiver<Option<Vec<u8>>> {
+        lock(&self.inner.reads)
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::Sender::new(None))
+            .subscribe()
+    }
+
+    /// A contender read `value` under `key`: this backend's observers of it take it as their
+    /// own read.
+    fn read_by_contender(&self, key: &str, value: &[u8]) {
+        let mut reads = lock(&self.inner.reads);
+        if let Some(sender) = reads.get(key) {
+            if sender.receiver_count() == 0 {
+                reads.remove(key);
+            } else {
+                sender.send_replace(Some(value.to_vec()));
+            }
+        }
+    }
+
+    /// Changes whenever an observer of this backend finds `key` freed.
+    fn frees(&self, key: &str) -> watch::Receiver<u64> {
+        self.inner.freed.subscribe(key)
+    }
+
+    /// An observer read `key` free after it was held: this backend's followers of it try at
+    /// once. A follower process then has two polls of the key (its campaign's contender's,
+    /// and its observer's), and the first to see the key free wakes the contender.
+    fn freed(&self, key: &str) {
+        self.inner.freed.bump(key);
+    }
+
+    /// After a contender of session handle `handle` released `key`: wakes this backend's
+    /// followers of it, and while followers poll, keeps that handle's contenders off the key
+    /// for [`COURTESY_POLLS`] poll intervals.
+    fn released(&self, key: &str, handle: u64) {
+        self.inner.released.bump(key);
+        if let Wakeup::Poll(poll) = self.inner.wakeup {
+            let until = Instant::now() + poll * COURTESY_POLLS;
+            lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
+        }
+    }
+
+    /// The end of the courtesy for `key`, while it runs and holds `handle` back.
+    fn courtesy(&self, key: &str, handle: u64) -> Option<Instant> {
+        let mut courtesy = lock(&self.inner.courtesy);
+        let now = Instant::now();
+        courtesy.retain(|_, (until, _)| *until > now);
+        courtesy
+            .get(key)
+            .filter(|(_, releaser)| *releaser == handle)
+            .map(|(until, _)| *until)
+    }
+
+    /// Sleeps until the next poll, a change the store pushed for the key, a release of it by
+    /// this backend, or (`freed`, for followers) an observer of this backend finding it free.
+    ///
+    /// `poll_at` keeps the next poll's instant across calls whose future was dropped (the
+    /// campaign drops a follower's `wait` when an observer reports a change, and calls it
+    /// again): the poll keeps its pace instead of starting over.
+    async fn pause(
+        &self,
+        pushed: &mut Option<watch::Receiver<u64>>,
+        local: &mut watch::Receiver<u64>,
+        freed: Option<&mut watch::Receiver<u64>>,
+        poll_at: &mut Option<Instant>,
+    ) {
+        let at = *poll_at.get_or_insert_with(|| {
+            Instant::now() + self.inner.poll.mul_f64(0.75 + fastrand::f64() * 0.5)
+        });
+        tokio::select! {
+            _ = local.changed() => {}
+            () = changed(freed) => {}
+            // Nothing pushed, or the store's notifier is gone: only the poll.
+            () = changed(pushed.as_mut()) => {}
+            () = tokio::time::sleep_until(at) => {}
+        }
+        *poll_at = None;
+    }
+}
+
+/// Resolves when `wake` changes; never when there is none, or its sender is gone.
+async fn changed(wake: Option<&mut watch::Receiver<u64>>) {
+    if let Some(wake) = wake
+        && wake.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Wake-ups per key: a counter that a bump changes.
+#[derive(Default)]
+pub(crate) struct Wakes(Mutex<HashMap<String, watch::Sender<u64>>>);
+
+impl Wakes {
+    /// A receiver that changes at every bump of `key`.
+    pub(crate) fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
+        lock(&self.0)
+            .entry(key.to_owned())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// Wakes the receivers of `key`; forgets it when there are none.
+    pub(crate) fn bump(&self, key: &str) {
+        let mut wakes = lock(&self.0);
+        if let Some(sender) = wakes.get(key) {
+            if sender.receiver_count() == 0 {
+                wakes.remove(key);
+            } else {
+                sender.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
+    }
+
+    /// Wakes the receivers of every key.
+    pub(crate) fn bump_all(&self) {
+        let mut wakes = lock(&self.0);
+        wakes.retain(|_, sender| sender.receiver_count() > 0);
+        for sender in wakes.values() {
+            sender.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
+impl<S: Store> Backend for PolledBackend<S> {
+    type Session = PolledSession<S>;
+    type Observer = PolledObserver<S>;
+
+    fn info(&self) -> BackendInfo {
+        self.inner.info.clone()
+    }
+
+    async fn open_session(&self, options: &SessionOptions) -> Result<PolledSession<S>> {
+        self.inner.store.check(options)?;
+        session::open(self, options).await
+    }
+
+    async fn observe(&self, election: &str) -> Result<PolledObserver<S>> {
+        Ok(PolledObserver::new(self.clone(), self.key(election)))
+    }
+}
