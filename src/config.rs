@@ -3,16 +3,14 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR;
 use crate::backend::{BackendInfo, Candidate, SessionOptions};
+pub use crate::backoff::{Backoff, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX};
 use crate::{Error, Result};
 
 /// Default session ttl: long enough to ride out a store's leader election or a GC pause,
 /// short enough that a crashed leader is replaced within seconds.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-/// The usual renew interval as a fraction of the ttl: three chances to renew before expiry,
-/// as etcd's own keep-alive does. Each backend states its own in
-/// [`BackendInfo::renew_divisor`].
-pub const DEFAULT_RENEW_INTERVAL_DIVISOR: u32 = 3;
 /// Default renew deadline as a fraction of the ttl (2/3): a leader that has not confirmed a
 /// renewal for this long fences itself, leaving a third of the ttl as margin for clock rate
 /// differences and for the worker to notice cancellation before the store can expire the lease.
@@ -20,11 +18,6 @@ pub const DEFAULT_RENEW_DEADLINE_FRACTION: (u32, u32) = (2, 3);
 /// The smallest gap allowed between the renew deadline and the ttl, as a fraction of the ttl
 /// (1/5): the leader must stop trusting itself well before the store can hand the lock on.
 pub const MIN_DEADLINE_MARGIN_DIVISOR: u32 = 5;
-/// Default first retry delay after an error or a loss. Jittered.
-pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(250);
-/// Default longest retry delay: a store that stays down is retried at least this often, and
-/// wrong credentials are retried no more often than this (no retry storm).
-pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Default time a cancelled worker gets to finish before the lock is released anyway.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// The longest duration any setting accepts (a year): a longer one is surely a mistake, and
@@ -34,39 +27,6 @@ pub const MAX_DURATION_SETTING: Duration = Duration::from_secs(365 * 24 * 60 * 6
 pub const MAX_NAME_LEN: usize = 128;
 /// The longest candidate identity, in bytes.
 pub const MAX_CANDIDATE_LEN: usize = 256;
-
-/// Exponential back-off with "equal jitter" (half the ceiling fixed, half random), used between
-/// retries and as the cool-down after a loss.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The delay after the first failure (the upper end of the jittered range).
-    pub initial: Duration,
-    /// The largest delay.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: DEFAULT_BACKOFF_INITIAL,
-            max: DEFAULT_BACKOFF_MAX,
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay before retry number `attempt` (0-based): uniformly random in
-    /// `[ceiling/2, ceiling]`, where the ceiling doubles per attempt up to `max`.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let ceiling = self
-            .initial
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(self.max);
-        let half = ceiling / 2;
-        let nanos = u64::try_from((ceiling - half).as_nanos()).unwrap_or(u64::MAX);
-        half + Duration::from_nanos(fastrand::u64(0..=nanos))
-    }
-}
 
 /// The validated settings of one election.
 #[derive(Clone, Debug)]
@@ -352,18 +312,5 @@ mod tests {
                 .is_ok()
         );
         assert!(draft(0).validate(&store(None)).is_ok(), "zero is no delay");
-    }
-
-    #[test]
-    fn backoff_is_jittered_below_a_doubling_ceiling() {
-        let b = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        for attempt in 0..40 {
-            let ceiling = Duration::from_millis(100 * (1u64 << attempt.min(4))).min(b.max);
-            let d = b.delay(attempt);
-            assert!(d >= ceiling / 2 && d <= ceiling, "{attempt}: {d:?}");
-        }
     }
 }

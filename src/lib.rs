@@ -197,6 +197,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod backoff;
 mod campaign;
 pub mod config;
 mod election;

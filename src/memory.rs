@@ -331,7 +331,7 @@ impl Backend for MemoryBackend {
             min_ttl: Duration::from_millis(1),
             max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Push,
-            renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
             max_lock_delay: Some(Duration::MAX),
         }
     }

@@ -109,6 +109,11 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The usual renew interval as a fraction of the ttl: three chances to renew before expiry,
+/// as etcd's own keep-alive does. Each backend states its own in
+/// [`BackendInfo::renew_divisor`].
+pub const DEFAULT_RENEW_INTERVAL_DIVISOR: u32 = 3;
+
 /// What a backend tells the campaign about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendInfo {

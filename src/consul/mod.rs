@@ -150,7 +150,7 @@ pub use session::ConsulSession;
 use self::client::{ConsulClient, KvEntry};
 use crate::backend::pool::SessionPool;
 use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
-use crate::config::Backoff;
+use crate::backoff::Backoff;
 use crate::{Error, Result};
 
 const NAME: &str = "consul";

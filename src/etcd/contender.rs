@@ -5,7 +5,7 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::session::{Lease, free_key};
-use super::watch::{Follow, Retry, Seen, Start, Target};
+use super::watch::{Follow, Seen, Start, Target, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
@@ -254,7 +254,7 @@ impl EtcdContender {
         if self.lease_lost() {
             return LockLoss::SessionLost;
         }
-        let mut retry = Retry::default();
+        let mut retry = retries();
         for _ in 0..LEASE_CHECKS {
             let backend = &self.backend;
             let checked = backend

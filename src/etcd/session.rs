@@ -119,7 +119,7 @@ fn revoke_in_background(backend: EtcdBackend, id: i64, ttl: Duration) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let backoff = crate::config::Backoff {
+    let backoff = crate::backoff::Backoff {
         initial: REVOKE_RETRY_FIRST,
         max: REVOKE_RETRY_MAX.min(ttl / 4).max(REVOKE_RETRY_FIRST),
     };

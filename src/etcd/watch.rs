@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use etcd_client::{Event, WatchClient, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-use tokio::time::{Instant, sleep, timeout_at};
+use tokio::time::{Instant, timeout_at};
 
 use super::{EtcdBackend, error};
 use crate::Result;
+use crate::backoff::{Backoff, Retries};
 use crate::event::{QueueReceiver, QueueSender, queue};
 
 /// The first pause before re-establishing a broken watch.
@@ -235,7 +236,7 @@ pub(super) struct Follow {
     deletes_only: bool,
     start: Start,
     open: Option<Open>,
-    retry: Retry,
+    retry: Retries,
 }
 
 /// The watches of a [`Follow`] on the stream; cancelled when dropped.
@@ -284,7 +285,7 @@ impl Follow {
             deletes_only,
             start,
             open: None,
-            retry: Retry::default(),
+            retry: retries(),
         }
     }
 
@@ -426,32 +427,10 @@ impl Follow {
     }
 }
 
-/// Jittered exponential back-off from [`RETRY_INITIAL`] to [`RETRY_MAX`].
-#[derive(Debug)]
-pub(super) struct Retry {
-    ceiling: Duration,
-}
-
-impl Default for Retry {
-    fn default() -> Self {
-        Retry {
-            ceiling: RETRY_INITIAL,
-        }
-    }
-}
-
-impl Retry {
-    /// Sleeps for a random time in `[ceiling/2, ceiling]`, then doubles the ceiling.
-    pub async fn pause(&mut self) {
-        let half = self.ceiling / 2;
-        let spread = u64::try_from((self.ceiling - half).as_micros()).unwrap_or(0);
-        let delay = half + Duration::from_micros(fastrand::u64(0..=spread));
-        self.ceiling = (self.ceiling * 2).min(RETRY_MAX);
-        sleep(delay).await;
-    }
-
-    /// Starts over from the shortest pause.
-    pub fn reset(&mut self) {
-        self.ceiling = RETRY_INITIAL;
-    }
+/// Back-off for re-establishing a watch: from [`RETRY_INITIAL`] up to [`RETRY_MAX`].
+pub(super) fn retries() -> Retries {
+    Retries::new(Backoff {
+        initial: RETRY_INITIAL,
+        max: RETRY_MAX,
+    })
 }

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::backend::polled::Wakes;
-use crate::config::Backoff;
+use crate::backoff::Backoff;
 
 /// The flags this backend needs in `notify-keyspace-events`: keyspace events (`K`) for
 /// generic commands (`g`: `del`), string commands (`$`: `set`) and expiries (`x`).

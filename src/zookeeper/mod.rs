@@ -424,7 +424,7 @@ impl Backend for ZookeeperBackend {
             min_ttl: MIN_TTL,
             max_ttl: MAX_TTL,
             wakeup: Wakeup::Push,
-            renew_divisor: crate::config::DEFAULT_RENEW_INTERVAL_DIVISOR,
+            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
             max_lock_delay: None,
         }
     }
