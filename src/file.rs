@@ -57,7 +57,7 @@ use tokio::time::{Instant, sleep};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::{
     Attempt, Backend, BackendInfo, Candidate, Contender, FencingToken, Leader, LockLoss, Observer,
-    Session, SessionHealth, SessionOptions, Wakeup, unix_ms_now,
+    Session, SessionHealth, SessionOptions, unix_ms_now,
 };
 use crate::{Error, Result};
 
@@ -141,14 +141,7 @@ impl Backend for FileBackend {
     type Observer = FileObserver;
 
     fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: Duration::from_millis(1),
-            max_ttl: Duration::from_secs(86_400),
-            wakeup: Wakeup::Push,
-            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
-            max_lock_delay: None,
-        }
+        BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<FileSession> {

@@ -36,7 +36,7 @@ use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::pool::{Poolable, SessionPool, Shared};
 use crate::backend::{
     Attempt, Backend, BackendInfo, Candidate, Contender, FencingToken, Leader, LockLoss, Observer,
-    Session, SessionHealth, SessionOptions, Wakeup, lock, unix_ms_now,
+    Session, SessionHealth, SessionOptions, lock, unix_ms_now,
 };
 use crate::{Error, Result};
 
@@ -327,12 +327,8 @@ impl Backend for MemoryBackend {
 
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            name: NAME,
-            min_ttl: Duration::from_millis(1),
-            max_ttl: Duration::from_secs(86_400),
-            wakeup: Wakeup::Push,
-            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
             max_lock_delay: Some(Duration::MAX),
+            ..BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
         }
     }
 

@@ -138,6 +138,22 @@ pub struct BackendInfo {
     pub max_lock_delay: Option<Duration>,
 }
 
+impl BackendInfo {
+    /// A store with ttls in `min_ttl..=max_ttl` that pushes changes to followers, renews
+    /// [`DEFAULT_RENEW_INTERVAL_DIVISOR`] times per ttl and has no lock-delay; set the other
+    /// fields with struct update syntax.
+    pub fn new(name: &'static str, min_ttl: Duration, max_ttl: Duration) -> Self {
+        BackendInfo {
+            name,
+            min_ttl,
+            max_ttl,
+            wakeup: Wakeup::Push,
+            renew_divisor: DEFAULT_RENEW_INTERVAL_DIVISOR,
+            max_lock_delay: None,
+        }
+    }
+}
+
 /// How a backend's [`Contender::wait`] learns about changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wakeup {

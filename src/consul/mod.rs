@@ -149,7 +149,7 @@ pub use session::ConsulSession;
 
 use self::client::{ConsulClient, KvEntry};
 use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
+use crate::backend::{Backend, BackendInfo, Leader, SessionOptions};
 use crate::backoff::Backoff;
 use crate::{Error, Result};
 
@@ -377,12 +377,9 @@ impl Backend for ConsulBackend {
 
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: Wakeup::Push,
             renew_divisor: 2,
             max_lock_delay: Some(MAX_LOCK_DELAY),
+            ..BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
         }
     }
 

@@ -156,7 +156,7 @@ pub use session::EtcdSession;
 
 use crate::Result;
 use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
+use crate::backend::{Backend, BackendInfo, Leader, SessionOptions};
 
 const NAME: &str = "etcd";
 
@@ -401,14 +401,7 @@ impl Backend for EtcdBackend {
     type Observer = EtcdObserver;
 
     fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: Wakeup::Push,
-            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
-            max_lock_delay: None,
-        }
+        BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<EtcdSession> {

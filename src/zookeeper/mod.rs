@@ -121,7 +121,7 @@ pub use observer::ZookeeperObserver;
 pub use session::ZookeeperSession;
 
 use crate::backend::pool::SessionPool;
-use crate::backend::{Backend, BackendInfo, Leader, SessionOptions, Wakeup};
+use crate::backend::{Backend, BackendInfo, Leader, SessionOptions};
 use crate::{Error, Result};
 
 const NAME: &str = "zookeeper";
@@ -419,14 +419,7 @@ impl Backend for ZookeeperBackend {
     type Observer = ZookeeperObserver;
 
     fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: NAME,
-            min_ttl: MIN_TTL,
-            max_ttl: MAX_TTL,
-            wakeup: Wakeup::Push,
-            renew_divisor: crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR,
-            max_lock_delay: None,
-        }
+        BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<ZookeeperSession> {

@@ -199,12 +199,8 @@ pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
 /// The base of a polled backend's [`BackendInfo`]; each backend sets its ttl bounds.
 pub(crate) fn info(name: &'static str, wakeup: Wakeup) -> BackendInfo {
     BackendInfo {
-        name,
-        min_ttl: Duration::ZERO,
-        max_ttl: Duration::MAX,
         wakeup,
-        renew_divisor: 3,
-        max_lock_delay: None,
+        ..BackendInfo::new(name, Duration::ZERO, Duration::MAX)
     }
 }
 
