@@ -30,12 +30,21 @@ pub struct FaultRecord {
     /// Whether the fault freezes the leader's supervisor (then its command may outlive the
     /// term, and only the fence protects the resource).
     pub freezes_supervisor: bool,
+    /// Whether the fault made the store lose the lock and the fencing counter (a memcached
+    /// restart): then terms may overlap and tokens may go back, and only the fence protects
+    /// the resource.
+    #[serde(default)]
+    pub store_lost_data: bool,
     /// When it began (CLOCK_MONOTONIC ns).
     pub inject_ns: u64,
     /// When it was lifted.
     pub heal_ns: u64,
     /// When exactly one worker ran again, if it did within the bound.
     pub settled_ns: Option<u64>,
+    /// When exactly one worker ran again, if it did only after the bound (within a minute
+    /// more).
+    #[serde(default)]
+    pub late_settled_ns: Option<u64>,
     /// The promised bound from `inject_ns` to one leader again, in ms.
     pub bound_ms: u64,
 }
@@ -186,6 +195,10 @@ pub struct Stats {
     pub max_overlap_ms: f64,
     /// How long, at most, the old worker actually ran (beat) during an overlap.
     pub max_old_ran_ms: f64,
+    /// Overlaps across a fault that made the store lose its data: the fence's job too.
+    pub lost_data_overlaps: usize,
+    /// Tokens not above the last term's, across a fault that made the store lose its data.
+    pub lost_data_tokens: usize,
     pub stale_accepted: usize,
     pub stale_rejected: usize,
     pub token_violations: usize,
@@ -243,13 +256,43 @@ pub fn check(history: &History) -> Verdict {
     verdict
 }
 
-/// Tokens never shared between two workers and strictly growing in the order terms began.
+/// How many faults that made the store lose its data began at or before `at_ns`: tokens are
+/// compared within one such epoch only.
+fn epoch(faults: &[FaultRecord], at_ns: u64) -> usize {
+    faults
+        .iter()
+        .filter(|f| f.store_lost_data && f.inject_ns <= at_ns)
+        .count()
+}
+
+/// Tokens never shared between two workers and strictly growing in the order terms began,
+/// within each epoch of the store's data; a token that went back across a fault that lost
+/// the store's data is a note (the fence must refuse its writes), not a violation.
 fn check_tokens(history: &History, verdict: &mut Verdict) {
-    let mut owners: HashMap<u64, i32> = HashMap::new();
+    let mut owners: HashMap<(usize, u64), i32> = HashMap::new();
     let mut previous: Option<&Worker> = None;
     for worker in &history.workers {
         let kind = kind_at(&history.faults, worker.start_ns);
-        if let Some(other) = owners.insert(worker.token, worker.pid) {
+        let era = epoch(&history.faults, worker.start_ns);
+        if let Some(prev) = previous
+            && era != epoch(&history.faults, prev.start_ns)
+        {
+            if worker.token <= prev.token {
+                verdict
+                    .stats
+                    .entry(kind.clone())
+                    .or_default()
+                    .lost_data_tokens += 1;
+                verdict.notes.push(format!(
+                    "{kind}: the store lost its data; token went from {} (worker {}) to {}                      (worker {})",
+                    prev.token, prev.pid, worker.token, worker.pid
+                ));
+            }
+            previous = Some(worker);
+            owners.insert((era, worker.token), worker.pid);
+            continue;
+        }
+        if let Some(other) = owners.insert((era, worker.token), worker.pid) {
             verdict
                 .stats
                 .entry(kind.clone())
@@ -298,6 +341,7 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
             let fault = fault_at(&history.faults, new.start_ns);
             let kind = kind_at(&history.faults, new.start_ns);
             let frozen = fault.is_some_and(|f| f.freezes_supervisor && f.worker == old.pid);
+            let lost_data = fault.is_some_and(|f| f.store_lost_data && old.start_ns < f.inject_ns);
             let stats = verdict.stats.entry(kind.clone()).or_default();
             stats.max_overlap_ms = stats.max_overlap_ms.max(overlap);
             stats.max_old_ran_ms = stats.max_old_ran_ms.max(ms(ran));
@@ -314,6 +358,11 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
             if frozen {
                 stats.frozen_overlaps += 1;
                 verdict.notes.push(line);
+            } else if lost_data {
+                stats.lost_data_overlaps += 1;
+                verdict
+                    .notes
+                    .push(format!("the store lost its data: {line}"));
             } else {
                 stats.overlaps += 1;
                 verdict
@@ -379,7 +428,9 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
         let next_fault = faults.get(i + 1).map_or(u64::MAX, |f| f.inject_ns);
         let stats = verdict.stats.entry(fault.kind.clone()).or_default();
         let next = history.workers.iter().find(|w| {
-            w.start_ns >= fault.inject_ns && w.start_ns < next_fault && w.token > fault.token
+            w.start_ns >= fault.inject_ns
+                && w.start_ns < next_fault
+                && (w.token > fault.token || fault.store_lost_data)
         });
         match next {
             Some(worker) => {
@@ -399,8 +450,12 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
         }
         if fault.settled_ns.is_none() {
             stats.late += 1;
+            let then = fault.late_settled_ns.map_or_else(
+                || "none within a minute more".to_owned(),
+                |at| format!("one after {:.0} ms", ms(at.saturating_sub(fault.inject_ns))),
+            );
             verdict.violations.push(format!(
-                "{}: not exactly one running leader within {} ms of the fault",
+                "{}: not exactly one running leader within {} ms of the fault ({then})",
                 fault.kind, fault.bound_ms
             ));
         }
@@ -437,7 +492,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// The table's header, in Markdown.
-pub const TABLE_HEADER: &str = "| backend | fault | faults | overlaps | frozen-supervisor overlaps (max ms; old worker ran max ms) | stale writes accepted / rejected | token violations | orphans | new leader: n, median / p99 / max ms | bound ms | late |\n|---|---|--:|--:|---|---|--:|--:|---|--:|--:|\n";
+pub const TABLE_HEADER: &str = "| backend | fault | faults | overlaps | frozen-supervisor overlaps (max ms; old worker ran max ms) | stale writes accepted / rejected | token violations | orphans | new leader: n, median / p99 / max ms | bound ms | late | store lost its data: overlaps / tokens back |\n|---|---|--:|--:|---|---|--:|--:|---|--:|--:|---|\n";
 
 /// One row per fault type, in Markdown.
 pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
@@ -474,7 +529,7 @@ pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
         };
         let _ = writeln!(
             out,
-            "| {backend} | {kind} | {} | {} | {frozen} | {} / {} | {} | {} | {leader} | {} | {} |",
+            "| {backend} | {kind} | {} | {} | {frozen} | {} / {} | {} | {} | {leader} | {} | {} | {} / {} |",
             stats.faults,
             stats.overlaps,
             stats.stale_accepted,
@@ -482,7 +537,9 @@ pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
             stats.token_violations,
             stats.orphans,
             stats.bound_ms,
-            stats.late
+            stats.late,
+            stats.lost_data_overlaps,
+            stats.lost_data_tokens
         );
     }
     out
