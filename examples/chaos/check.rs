@@ -84,21 +84,36 @@ pub struct FenceEntry {
     pub pid: i32,
 }
 
-/// Parses one worker's ledger file; `None` if it has no complete `start` line.
+/// Parses one worker's ledger file; `None` if it has no complete `start` line. A file with
+/// more than one `start` (a pid reused by a later worker, in histories whose ledger names
+/// had no token) gives its first worker; [`parse_workers`] gives them all.
 pub fn parse_worker(text: &str) -> Option<Worker> {
-    let mut worker: Option<Worker> = None;
-    // A line cut short by a kill -9 has no newline: ignored.
+    parse_workers(text).into_iter().next()
+}
+
+/// Parses a ledger file into its workers: each `start` line begins one. A line cut short by
+/// a kill -9 has no newline and is ignored, but a `start` appended to it (the next worker
+/// with the same pid) still counts.
+pub fn parse_workers(text: &str) -> Vec<Worker> {
+    let mut workers: Vec<Worker> = Vec::new();
     for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+        let line = match line.find("start ") {
+            Some(at) if at > 0 => &line[at..],
+            _ => line,
+        };
         let parts: Vec<&str> = line.split_whitespace().collect();
-        match (parts.first().copied(), worker.as_mut()) {
-            (Some("start"), None) if parts.len() == 5 => {
-                worker = Some(Worker {
-                    start_ns: parts[1].parse().ok()?,
-                    token: parts[2].parse().ok()?,
-                    pid: parts[3].parse().ok()?,
-                    supervisor: parts[4].parse().ok()?,
-                    ..Worker::default()
-                });
+        match (parts.first().copied(), workers.last_mut()) {
+            (Some("start"), _) if parts.len() == 5 => {
+                let parsed = (|| {
+                    Some(Worker {
+                        start_ns: parts[1].parse().ok()?,
+                        token: parts[2].parse().ok()?,
+                        pid: parts[3].parse().ok()?,
+                        supervisor: parts[4].parse().ok()?,
+                        ..Worker::default()
+                    })
+                })();
+                workers.extend(parsed);
             }
             (Some("beat"), Some(w)) if parts.len() == 3 => {
                 if let Ok(at) = parts[1].parse() {
@@ -109,7 +124,7 @@ pub fn parse_worker(text: &str) -> Option<Worker> {
             _ => {}
         }
     }
-    worker
+    workers
 }
 
 /// Parses the fence's log.
@@ -163,7 +178,7 @@ impl History {
         let mut workers = Vec::new();
         for entry in std::fs::read_dir(dir.join("ledger"))? {
             let text = std::fs::read_to_string(entry?.path())?;
-            workers.extend(parse_worker(&text));
+            workers.extend(parse_workers(&text));
         }
         workers.sort_by_key(|w| w.start_ns);
         let fence_log = dir.join("fence").join(FENCE_LOG);
@@ -396,21 +411,28 @@ fn check_fence(history: &History, verdict: &mut Verdict) {
     }
 }
 
-/// No worker ran on after its supervisor died.
+/// No worker ran on after its supervisor died. Pids are reused in a long run: a worker is
+/// matched with the first death of its supervisor's pid after the worker started.
 fn check_orphans(history: &History, verdict: &mut Verdict) {
-    for death in &history.deaths {
-        for worker in history.workers.iter().filter(|w| w.supervisor == death.pid) {
-            let limit = death.at_ns + ORPHAN_GRACE_MS * 1_000_000;
-            if worker.end_ns() > limit {
-                let kind = kind_at(&history.faults, death.at_ns);
-                verdict.stats.entry(kind.clone()).or_default().orphans += 1;
-                verdict.violations.push(format!(
-                    "orphan: worker {} ran {:.1} ms after its supervisor {} died ({kind})",
-                    worker.pid,
-                    ms(worker.end_ns() - death.at_ns),
-                    death.pid
-                ));
-            }
+    for worker in &history.workers {
+        let Some(death) = history
+            .deaths
+            .iter()
+            .filter(|d| d.pid == worker.supervisor && d.at_ns >= worker.start_ns)
+            .min_by_key(|d| d.at_ns)
+        else {
+            continue;
+        };
+        let limit = death.at_ns + ORPHAN_GRACE_MS * 1_000_000;
+        if worker.end_ns() > limit {
+            let kind = kind_at(&history.faults, death.at_ns);
+            verdict.stats.entry(kind.clone()).or_default().orphans += 1;
+            verdict.violations.push(format!(
+                "orphan: worker {} ran {:.1} ms after its supervisor {} died ({kind})",
+                worker.pid,
+                ms(worker.end_ns() - death.at_ns),
+                death.pid
+            ));
         }
     }
     for pid in &history.leftover_workers {
