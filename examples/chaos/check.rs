@@ -388,9 +388,14 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
     }
 }
 
-/// The fence accepted no write below a token it had accepted before.
+/// The fence accepted no write below a token it had accepted before, and no write of a
+/// worker whose token another worker had taken over (two terms with one token, which a
+/// store that lost its counter can hand out: the fence, comparing tokens, cannot tell them
+/// apart, so a write of the first after the second's is stale).
 fn check_fence(history: &History, verdict: &mut Verdict) {
     let mut highest = 0;
+    // For the highest token: the workers that wrote with it, in order, the last one last.
+    let mut writers: Vec<i32> = Vec::new();
     for entry in &history.fence {
         let kind = kind_at(&history.faults, entry.at_ns);
         let stats = verdict.stats.entry(kind.clone()).or_default();
@@ -404,9 +409,20 @@ fn check_fence(history: &History, verdict: &mut Verdict) {
             } else {
                 stats.stale_rejected += 1;
             }
+        } else if entry.accepted && entry.token == highest && writers.last() != Some(&entry.pid) {
+            if writers.contains(&entry.pid) {
+                stats.stale_accepted += 1;
+                verdict.violations.push(format!(
+                    "the fence accepted token {} from pid {} after another worker wrote with \
+                     the same token ({kind})",
+                    entry.token, entry.pid
+                ));
+            }
+            writers.push(entry.pid);
         }
-        if entry.accepted {
-            highest = highest.max(entry.token);
+        if entry.accepted && entry.token > highest {
+            highest = entry.token;
+            writers = vec![entry.pid];
         }
     }
 }
