@@ -42,11 +42,17 @@ pub struct FaultRecord {
     /// When exactly one worker ran again, if it did within the bound.
     pub settled_ns: Option<u64>,
     /// When exactly one worker ran again, if it did only after the bound (within a minute
-    /// more).
-    #[serde(default)]
-    pub late_settled_ns: Option<u64>,
+    /// more); `None` in histories whose loop did not wait after a bound passed (it stopped
+    /// there), `Some(None)` when no leader came within that minute.
+    #[serde(default, deserialize_with = "present")]
+    pub late_settled_ns: Option<Option<u64>>,
     /// The promised bound from `inject_ns` to one leader again, in ms.
     pub bound_ms: u64,
+}
+
+/// Tells a field that is there (even `null`) from one that is missing.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(d).map(Some)
 }
 
 /// A supervisor that died (killed or exited), as the fault loop recorded it.
@@ -488,10 +494,13 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
         }
         if fault.settled_ns.is_none() {
             stats.late += 1;
-            let then = fault.late_settled_ns.map_or_else(
-                || "none within a minute more".to_owned(),
-                |at| format!("one after {:.0} ms", ms(at.saturating_sub(fault.inject_ns))),
-            );
+            let then = match fault.late_settled_ns {
+                None => "the loop stopped there".to_owned(),
+                Some(None) => "none within a minute more".to_owned(),
+                Some(Some(at)) => {
+                    format!("one after {:.0} ms", ms(at.saturating_sub(fault.inject_ns)))
+                }
+            };
             verdict.violations.push(format!(
                 "{}: not exactly one running leader within {} ms of the fault ({then})",
                 fault.kind, fault.bound_ms

@@ -384,7 +384,7 @@ impl World {
                 inject_ns,
                 heal_ns,
                 settled_ns: settled.as_ref().map(|(_, at)| *at),
-                late_settled_ns: late.as_ref().map(|(_, at)| *at),
+                late_settled_ns: Some(late.as_ref().map(|(_, at)| *at)),
                 bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
             };
             let line = serde_json::to_string(&record).expect("serialize");
