@@ -10,15 +10,17 @@
 //! cargo run --release --example chaos --all-features -- --backend etcd --faults 50 --seed 7
 //! ```
 //!
-//! Options: `--backend file,etcd,etcd-cluster,consul` (default: all four, one after another),
-//! `--mode cli|library` (candidates as `incumbent run` processes, or as processes running a
-//! library campaign, `chaos candidate …`; default cli),
+//! Options: `--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,memcached`
+//! (default: all eight, one after another; `memory` runs in process),
+//! `--mode cli|library|in-process` (candidates as `incumbent run` processes, or as processes
+//! running a library campaign, `chaos candidate …`; default cli; `in-process` is
+//! `--backend memory`: campaigns in this process on one shared memory backend),
 //! `--faults N` per backend (default 20), `--seed S` (default 1), `--candidates N` (default
 //! 3), `--max-time SECS` per backend (default 1200), `--kinds a,b` (fault names, default all
 //! that apply), `--keep DIR` (keep the histories in DIR/<backend>/), `--plant fence-off|escape`
 //! (plant a bug in the workers: a fence that accepts every token, or a worker that escapes
 //! its supervisor; the run must then fail). `chaos check DIR` checks
-//! a kept history again. Servers (etcd, consul) are started on free loopback ports in temp
+//! a kept history again. Servers (etcd, consul, ZooKeeper, Redis, memcached) are started on free loopback ports in temp
 //! dirs: install them with `scripts/install-test-deps`. Exit code 1 on any violation.
 //!
 //! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`; in
@@ -29,6 +31,8 @@
 mod candidate;
 #[path = "chaos/check.rs"]
 mod check;
+#[path = "chaos/inproc.rs"]
+mod inproc;
 #[path = "chaos/run.rs"]
 mod run;
 #[path = "../tests/support/mod.rs"]
@@ -42,7 +46,9 @@ use std::time::Duration;
 
 use run::{Backend, Config, Fault};
 
-const USAGE: &str = "usage: chaos [--backend file,etcd,etcd-cluster,consul] [--mode cli|library] \
+const USAGE: &str = "usage: chaos \
+[--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,memcached] \
+[--mode cli|library|in-process] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \
 | chaos check DIR";
@@ -150,7 +156,11 @@ fn options(args: &[String]) -> Result<Vec<Config>, String> {
                 config.library = match value.as_str() {
                     "cli" => false,
                     "library" => true,
-                    _ => return Err(format!("--mode {value}: cli or library")),
+                    "in-process" => {
+                        backends = vec![Backend::Memory];
+                        false
+                    }
+                    _ => return Err(format!("--mode {value}: cli, library or in-process")),
                 };
             }
             _ => return Err(format!("unknown option {flag}")),

@@ -11,6 +11,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use incumbent::backend::Backend;
@@ -113,16 +114,30 @@ impl Drop for Stop {
 
 /// One term's work: the worker's loop, until the term is cancelled.
 async fn lead(term: Term, ledger: PathBuf, fence: Arc<Fence>) {
-    let token = term.fencing_token();
     let pid = std::process::id();
+    lead_as(term, &ledger, &fence, pid, pid, None).await;
+}
+
+/// The worker's loop as `worker` (an id in the ledger) of `supervisor`, until the term is
+/// cancelled, or, while `ignore` is set, until the task is aborted (a worker that ignores
+/// cancellation). Its ledger is `w-<worker>-<token>.log`.
+pub async fn lead_as(
+    term: Term,
+    ledger: &Path,
+    fence: &Fence,
+    worker: u32,
+    supervisor: u32,
+    ignore: Option<Arc<AtomicBool>>,
+) {
+    let token = term.fencing_token();
     let Ok(mut log) = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(ledger.join(format!("w-{pid}-{token}.log")))
+        .open(ledger.join(format!("w-{worker}-{token}.log")))
     else {
         return;
     };
-    let start = format!("start {} {token} {pid} {pid}\n", mono_ns());
+    let start = format!("start {} {token} {worker} {supervisor}\n", mono_ns());
     if log.write_all(start.as_bytes()).is_err() {
         return;
     }
@@ -130,10 +145,11 @@ async fn lead(term: Term, ledger: PathBuf, fence: Arc<Fence>) {
         return;
     };
     let _stop = Stop(copy);
-    while !term.is_cancelled() {
+    let ignoring = || ignore.as_ref().is_some_and(|i| i.load(Ordering::SeqCst));
+    while !term.is_cancelled() || ignoring() {
         // Blocking, for microseconds: no `.await` between the write and its ledger line, so
         // an abort never separates them.
-        let line = match fence.write(token, pid) {
+        let line = match fence.write(token, worker) {
             Ok((at, true)) => format!("beat {at} ok\n"),
             Ok((at, false)) => format!("beat {at} stale\n"),
             Err(_) => return,

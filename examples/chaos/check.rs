@@ -30,14 +30,29 @@ pub struct FaultRecord {
     /// Whether the fault freezes the leader's supervisor (then its command may outlive the
     /// term, and only the fence protects the resource).
     pub freezes_supervisor: bool,
+    /// Whether the fault made the store lose the lock and the fencing counter (a memcached
+    /// restart): then terms may overlap and tokens may go back, and only the fence protects
+    /// the resource.
+    #[serde(default)]
+    pub store_lost_data: bool,
     /// When it began (CLOCK_MONOTONIC ns).
     pub inject_ns: u64,
     /// When it was lifted.
     pub heal_ns: u64,
     /// When exactly one worker ran again, if it did within the bound.
     pub settled_ns: Option<u64>,
+    /// When exactly one worker ran again, if it did only after the bound (within a minute
+    /// more); `None` in histories whose loop did not wait after a bound passed (it stopped
+    /// there), `Some(None)` when no leader came within that minute.
+    #[serde(default, deserialize_with = "present")]
+    pub late_settled_ns: Option<Option<u64>>,
     /// The promised bound from `inject_ns` to one leader again, in ms.
     pub bound_ms: u64,
+}
+
+/// Tells a field that is there (even `null`) from one that is missing.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Option::<u64>::deserialize(d).map(Some)
 }
 
 /// A supervisor that died (killed or exited), as the fault loop recorded it.
@@ -75,21 +90,36 @@ pub struct FenceEntry {
     pub pid: i32,
 }
 
-/// Parses one worker's ledger file; `None` if it has no complete `start` line.
+/// Parses one worker's ledger file; `None` if it has no complete `start` line. A file with
+/// more than one `start` (a pid reused by a later worker, in histories whose ledger names
+/// had no token) gives its first worker; [`parse_workers`] gives them all.
 pub fn parse_worker(text: &str) -> Option<Worker> {
-    let mut worker: Option<Worker> = None;
-    // A line cut short by a kill -9 has no newline: ignored.
+    parse_workers(text).into_iter().next()
+}
+
+/// Parses a ledger file into its workers: each `start` line begins one. A line cut short by
+/// a kill -9 has no newline and is ignored, but a `start` appended to it (the next worker
+/// with the same pid) still counts.
+pub fn parse_workers(text: &str) -> Vec<Worker> {
+    let mut workers: Vec<Worker> = Vec::new();
     for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+        let line = match line.find("start ") {
+            Some(at) if at > 0 => &line[at..],
+            _ => line,
+        };
         let parts: Vec<&str> = line.split_whitespace().collect();
-        match (parts.first().copied(), worker.as_mut()) {
-            (Some("start"), None) if parts.len() == 5 => {
-                worker = Some(Worker {
-                    start_ns: parts[1].parse().ok()?,
-                    token: parts[2].parse().ok()?,
-                    pid: parts[3].parse().ok()?,
-                    supervisor: parts[4].parse().ok()?,
-                    ..Worker::default()
-                });
+        match (parts.first().copied(), workers.last_mut()) {
+            (Some("start"), _) if parts.len() == 5 => {
+                let parsed = (|| {
+                    Some(Worker {
+                        start_ns: parts[1].parse().ok()?,
+                        token: parts[2].parse().ok()?,
+                        pid: parts[3].parse().ok()?,
+                        supervisor: parts[4].parse().ok()?,
+                        ..Worker::default()
+                    })
+                })();
+                workers.extend(parsed);
             }
             (Some("beat"), Some(w)) if parts.len() == 3 => {
                 if let Ok(at) = parts[1].parse() {
@@ -100,7 +130,7 @@ pub fn parse_worker(text: &str) -> Option<Worker> {
             _ => {}
         }
     }
-    worker
+    workers
 }
 
 /// Parses the fence's log.
@@ -154,7 +184,7 @@ impl History {
         let mut workers = Vec::new();
         for entry in std::fs::read_dir(dir.join("ledger"))? {
             let text = std::fs::read_to_string(entry?.path())?;
-            workers.extend(parse_worker(&text));
+            workers.extend(parse_workers(&text));
         }
         workers.sort_by_key(|w| w.start_ns);
         let fence_log = dir.join("fence").join(FENCE_LOG);
@@ -186,6 +216,10 @@ pub struct Stats {
     pub max_overlap_ms: f64,
     /// How long, at most, the old worker actually ran (beat) during an overlap.
     pub max_old_ran_ms: f64,
+    /// Overlaps across a fault that made the store lose its data: the fence's job too.
+    pub lost_data_overlaps: usize,
+    /// Tokens not above the last term's, across a fault that made the store lose its data.
+    pub lost_data_tokens: usize,
     pub stale_accepted: usize,
     pub stale_rejected: usize,
     pub token_violations: usize,
@@ -243,13 +277,43 @@ pub fn check(history: &History) -> Verdict {
     verdict
 }
 
-/// Tokens never shared between two workers and strictly growing in the order terms began.
+/// How many faults that made the store lose its data began at or before `at_ns`: tokens are
+/// compared within one such epoch only.
+fn epoch(faults: &[FaultRecord], at_ns: u64) -> usize {
+    faults
+        .iter()
+        .filter(|f| f.store_lost_data && f.inject_ns <= at_ns)
+        .count()
+}
+
+/// Tokens never shared between two workers and strictly growing in the order terms began,
+/// within each epoch of the store's data; a token that went back across a fault that lost
+/// the store's data is a note (the fence must refuse its writes), not a violation.
 fn check_tokens(history: &History, verdict: &mut Verdict) {
-    let mut owners: HashMap<u64, i32> = HashMap::new();
+    let mut owners: HashMap<(usize, u64), i32> = HashMap::new();
     let mut previous: Option<&Worker> = None;
     for worker in &history.workers {
         let kind = kind_at(&history.faults, worker.start_ns);
-        if let Some(other) = owners.insert(worker.token, worker.pid) {
+        let era = epoch(&history.faults, worker.start_ns);
+        if let Some(prev) = previous
+            && era != epoch(&history.faults, prev.start_ns)
+        {
+            if worker.token <= prev.token {
+                verdict
+                    .stats
+                    .entry(kind.clone())
+                    .or_default()
+                    .lost_data_tokens += 1;
+                verdict.notes.push(format!(
+                    "{kind}: the store lost its data; token went from {} (worker {}) to {}                      (worker {})",
+                    prev.token, prev.pid, worker.token, worker.pid
+                ));
+            }
+            previous = Some(worker);
+            owners.insert((era, worker.token), worker.pid);
+            continue;
+        }
+        if let Some(other) = owners.insert((era, worker.token), worker.pid) {
             verdict
                 .stats
                 .entry(kind.clone())
@@ -298,6 +362,7 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
             let fault = fault_at(&history.faults, new.start_ns);
             let kind = kind_at(&history.faults, new.start_ns);
             let frozen = fault.is_some_and(|f| f.freezes_supervisor && f.worker == old.pid);
+            let lost_data = fault.is_some_and(|f| f.store_lost_data && old.start_ns < f.inject_ns);
             let stats = verdict.stats.entry(kind.clone()).or_default();
             stats.max_overlap_ms = stats.max_overlap_ms.max(overlap);
             stats.max_old_ran_ms = stats.max_old_ran_ms.max(ms(ran));
@@ -314,6 +379,11 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
             if frozen {
                 stats.frozen_overlaps += 1;
                 verdict.notes.push(line);
+            } else if lost_data {
+                stats.lost_data_overlaps += 1;
+                verdict
+                    .notes
+                    .push(format!("the store lost its data: {line}"));
             } else {
                 stats.overlaps += 1;
                 verdict
@@ -324,9 +394,14 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
     }
 }
 
-/// The fence accepted no write below a token it had accepted before.
+/// The fence accepted no write below a token it had accepted before, and no write of a
+/// worker whose token another worker had taken over (two terms with one token, which a
+/// store that lost its counter can hand out: the fence, comparing tokens, cannot tell them
+/// apart, so a write of the first after the second's is stale).
 fn check_fence(history: &History, verdict: &mut Verdict) {
     let mut highest = 0;
+    // For the highest token: the workers that wrote with it, in order, the last one last.
+    let mut writers: Vec<i32> = Vec::new();
     for entry in &history.fence {
         let kind = kind_at(&history.faults, entry.at_ns);
         let stats = verdict.stats.entry(kind.clone()).or_default();
@@ -340,28 +415,46 @@ fn check_fence(history: &History, verdict: &mut Verdict) {
             } else {
                 stats.stale_rejected += 1;
             }
+        } else if entry.accepted && entry.token == highest && writers.last() != Some(&entry.pid) {
+            if writers.contains(&entry.pid) {
+                stats.stale_accepted += 1;
+                verdict.violations.push(format!(
+                    "the fence accepted token {} from pid {} after another worker wrote with \
+                     the same token ({kind})",
+                    entry.token, entry.pid
+                ));
+            }
+            writers.push(entry.pid);
         }
-        if entry.accepted {
-            highest = highest.max(entry.token);
+        if entry.accepted && entry.token > highest {
+            highest = entry.token;
+            writers = vec![entry.pid];
         }
     }
 }
 
-/// No worker ran on after its supervisor died.
+/// No worker ran on after its supervisor died. Pids are reused in a long run: a worker is
+/// matched with the first death of its supervisor's pid after the worker started.
 fn check_orphans(history: &History, verdict: &mut Verdict) {
-    for death in &history.deaths {
-        for worker in history.workers.iter().filter(|w| w.supervisor == death.pid) {
-            let limit = death.at_ns + ORPHAN_GRACE_MS * 1_000_000;
-            if worker.end_ns() > limit {
-                let kind = kind_at(&history.faults, death.at_ns);
-                verdict.stats.entry(kind.clone()).or_default().orphans += 1;
-                verdict.violations.push(format!(
-                    "orphan: worker {} ran {:.1} ms after its supervisor {} died ({kind})",
-                    worker.pid,
-                    ms(worker.end_ns() - death.at_ns),
-                    death.pid
-                ));
-            }
+    for worker in &history.workers {
+        let Some(death) = history
+            .deaths
+            .iter()
+            .filter(|d| d.pid == worker.supervisor && d.at_ns >= worker.start_ns)
+            .min_by_key(|d| d.at_ns)
+        else {
+            continue;
+        };
+        let limit = death.at_ns + ORPHAN_GRACE_MS * 1_000_000;
+        if worker.end_ns() > limit {
+            let kind = kind_at(&history.faults, death.at_ns);
+            verdict.stats.entry(kind.clone()).or_default().orphans += 1;
+            verdict.violations.push(format!(
+                "orphan: worker {} ran {:.1} ms after its supervisor {} died ({kind})",
+                worker.pid,
+                ms(worker.end_ns() - death.at_ns),
+                death.pid
+            ));
         }
     }
     for pid in &history.leftover_workers {
@@ -379,7 +472,9 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
         let next_fault = faults.get(i + 1).map_or(u64::MAX, |f| f.inject_ns);
         let stats = verdict.stats.entry(fault.kind.clone()).or_default();
         let next = history.workers.iter().find(|w| {
-            w.start_ns >= fault.inject_ns && w.start_ns < next_fault && w.token > fault.token
+            w.start_ns >= fault.inject_ns
+                && w.start_ns < next_fault
+                && (w.token > fault.token || fault.store_lost_data)
         });
         match next {
             Some(worker) => {
@@ -399,8 +494,15 @@ fn check_time_to_leader(history: &History, verdict: &mut Verdict) {
         }
         if fault.settled_ns.is_none() {
             stats.late += 1;
+            let then = match fault.late_settled_ns {
+                None => "the loop stopped there".to_owned(),
+                Some(None) => "none within a minute more".to_owned(),
+                Some(Some(at)) => {
+                    format!("one after {:.0} ms", ms(at.saturating_sub(fault.inject_ns)))
+                }
+            };
             verdict.violations.push(format!(
-                "{}: not exactly one running leader within {} ms of the fault",
+                "{}: not exactly one running leader within {} ms of the fault ({then})",
                 fault.kind, fault.bound_ms
             ));
         }
@@ -437,7 +539,7 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// The table's header, in Markdown.
-pub const TABLE_HEADER: &str = "| backend | fault | faults | overlaps | frozen-supervisor overlaps (max ms; old worker ran max ms) | stale writes accepted / rejected | token violations | orphans | new leader: n, median / p99 / max ms | bound ms | late |\n|---|---|--:|--:|---|---|--:|--:|---|--:|--:|\n";
+pub const TABLE_HEADER: &str = "| backend | fault | faults | overlaps | frozen-supervisor overlaps (max ms; old worker ran max ms) | stale writes accepted / rejected | token violations | orphans | new leader: n, median / p99 / max ms | bound ms | late | store lost its data: overlaps / tokens back |\n|---|---|--:|--:|---|---|--:|--:|---|--:|--:|---|\n";
 
 /// One row per fault type, in Markdown.
 pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
@@ -474,7 +576,7 @@ pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
         };
         let _ = writeln!(
             out,
-            "| {backend} | {kind} | {} | {} | {frozen} | {} / {} | {} | {} | {leader} | {} | {} |",
+            "| {backend} | {kind} | {} | {} | {frozen} | {} / {} | {} | {} | {leader} | {} | {} | {} / {} |",
             stats.faults,
             stats.overlaps,
             stats.stale_accepted,
@@ -482,7 +584,9 @@ pub fn table_rows(backend: &str, verdict: &Verdict) -> String {
             stats.token_violations,
             stats.orphans,
             stats.bound_ms,
-            stats.late
+            stats.late,
+            stats.lost_data_overlaps,
+            stats.lost_data_tokens
         );
     }
     out

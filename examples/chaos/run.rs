@@ -19,7 +19,10 @@ use tokio::time::sleep;
 use crate::check::{self, Death, FaultRecord, History, Verdict};
 use crate::support::bin::find_binary;
 use crate::support::net::{free_addr, free_port};
-use crate::support::{EtcdCluster, EtcdServer, Probe, Proxy, ServerProcess};
+use crate::support::redis::TextProbe;
+use crate::support::{
+    EtcdCluster, EtcdServer, MemcachedServer, Probe, Proxy, ServerProcess, ZookeeperServer,
+};
 use crate::worker::mono_ns;
 
 /// The election every candidate runs for.
@@ -29,50 +32,83 @@ pub const ELECTION: &str = "chaos/worker";
 const FIRST_LEADER: Duration = Duration::from_secs(60);
 
 /// A leader is running when its last beat is at most this old.
-const FRESH_BEAT: Duration = Duration::from_millis(200);
+pub const FRESH_BEAT: Duration = Duration::from_millis(200);
 
 /// One leader must run alone this long to count as the leader again.
-const STABLE: Duration = Duration::from_millis(300);
+pub const STABLE: Duration = Duration::from_millis(300);
+
+/// After a fault whose bound passed without one leader: how much longer the loop waits for
+/// one (the fault is a violation either way; with a leader the run goes on, without one it
+/// ends).
+pub const LATE_LIMIT: Duration = Duration::from_secs(60);
 
 /// How long a SIGTERMed supervisor may take to exit.
 const EXIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// The bound after a voluntary hand-off (SIGTERM, resign): the old leader stops its worker
 /// (which exits at once) and releases, and a follower takes over.
-const HANDOFF_BOUND: Duration = Duration::from_secs(2);
+pub const HANDOFF_BOUND: Duration = Duration::from_secs(2);
 
 /// Where the elections live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Backend {
+    /// Campaigns in this process on one shared memory backend ([`crate::inproc`]).
+    Memory,
     File,
     Etcd,
     /// A three-member etcd cluster, every candidate connected to all three members.
     EtcdCluster,
     Consul,
+    /// One ZooKeeper server (standalone), its data on disk.
+    Zookeeper,
+    /// One Redis server with `appendonly yes` and `appendfsync always`: a restart keeps the
+    /// lock key and the fencing counter.
+    Redis,
+    /// One memcached: a restart loses the lock and the fencing counter (best effort).
+    Memcached,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 4] = [
+    pub const ALL: [Backend; 8] = [
+        Backend::Memory,
         Backend::File,
         Backend::Etcd,
         Backend::EtcdCluster,
         Backend::Consul,
+        Backend::Zookeeper,
+        Backend::Redis,
+        Backend::Memcached,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Memory => "memory",
             Backend::File => "file",
             Backend::Etcd => "etcd",
             Backend::EtcdCluster => "etcd-cluster",
             Backend::Consul => "consul",
+            Backend::Zookeeper => "zookeeper",
+            Backend::Redis => "redis",
+            Backend::Memcached => "memcached",
         }
+    }
+
+    /// Whether a restart of the store loses the lock and the fencing counter (memcached):
+    /// then two terms may overlap and a token may go back, and only the fence protects the
+    /// resource (the checker still counts stale writes accepted, which must be 0).
+    pub fn restart_loses_data(self) -> bool {
+        self == Backend::Memcached
     }
 
     /// The candidates' `--ttl`. Consul's smallest session ttl is 10 s.
     pub fn ttl(self) -> Duration {
         match self {
-            Backend::File => Duration::from_secs(1),
-            Backend::Etcd | Backend::EtcdCluster => Duration::from_secs(2),
+            Backend::Memory | Backend::File => Duration::from_secs(1),
+            Backend::Etcd
+            | Backend::EtcdCluster
+            | Backend::Zookeeper
+            | Backend::Redis
+            | Backend::Memcached => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -80,11 +116,19 @@ impl Backend {
     /// The promised time from a leader's death (or its cut-off from the store) to a new
     /// leader's command: the kernel frees a dead process's `flock` at once; etcd revokes an
     /// expired lease within about half a second of its ttl; Consul invalidates a session
-    /// between ttl and 2 × ttl (lock-delay 0).
+    /// between ttl and 2 × ttl (lock-delay 0); ZooKeeper expires a session within a tick
+    /// (200 ms here) of its timeout (the ttl); a Redis or memcached key expires at its ttl,
+    /// and followers poll every 500 ms; a memcached candidate that finds the counter went
+    /// back (a restart) leads only a ttl after it took the lock; the memory backend frees
+    /// an expired session's lock when its ttl is up, and wakes its waiters at once.
     pub fn failover_bound(self) -> Duration {
         match self {
+            Backend::Memory => self.ttl() + Duration::from_secs(1),
             Backend::File => Duration::from_secs(1),
-            Backend::Etcd | Backend::EtcdCluster => self.ttl() + Duration::from_secs(2),
+            Backend::Etcd | Backend::EtcdCluster | Backend::Zookeeper | Backend::Redis => {
+                self.ttl() + Duration::from_secs(2)
+            }
+            Backend::Memcached => self.ttl() * 2 + Duration::from_secs(2),
             Backend::Consul => self.ttl() * 2 + Duration::from_secs(5),
         }
     }
@@ -93,6 +137,16 @@ impl Backend {
     /// worker's own process, and it does not resign on SIGUSR1.
     pub fn faults(self, library: bool) -> Vec<Fault> {
         let mut faults = match self {
+            Backend::Memory => vec![
+                Fault::AbortTask,
+                Fault::DropRuntime,
+                Fault::Shutdown,
+                Fault::FreezeRuntime,
+                Fault::Unreachable,
+                Fault::Failing,
+                Fault::Latency,
+                Fault::IgnoreCancel,
+            ],
             Backend::File => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -100,7 +154,11 @@ impl Backend {
                 Fault::FreezeSupervisor,
                 Fault::StderrStall,
             ],
-            Backend::Etcd | Backend::Consul => Fault::ALL[..9].to_vec(),
+            Backend::Etcd
+            | Backend::Consul
+            | Backend::Zookeeper
+            | Backend::Redis
+            | Backend::Memcached => Fault::ALL[..9].to_vec(),
             Backend::EtcdCluster => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -141,10 +199,25 @@ pub enum Fault {
     StderrStall,
     /// SIGKILL the etcd cluster's raft leader member for longer than the ttl, then restart it.
     MemberLoss,
+    /// In process: abort the leader's election task (a crash); start a new candidate.
+    AbortTask,
+    /// In process: drop the leader's runtime, every task on it; start a new candidate.
+    DropRuntime,
+    /// In process: shut the leader down (graceful hand-off); start a new candidate.
+    Shutdown,
+    /// In process: block the leader's runtime thread for longer than the ttl (a pause).
+    FreezeRuntime,
+    /// In process: the store hangs for the leader's client for longer than the ttl.
+    Unreachable,
+    /// In process: the store fails every call of the leader's client for longer than the ttl.
+    Failing,
+    /// In process: the store hangs for the leader's client while its worker ignores
+    /// cancellation: the runner must stop the worker hard before the lock can pass on.
+    IgnoreCancel,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 17] = [
         Fault::Kill9,
         Fault::Sigterm,
         Fault::FreezeGroup,
@@ -155,6 +228,13 @@ impl Fault {
         Fault::Latency,
         Fault::StderrStall,
         Fault::MemberLoss,
+        Fault::AbortTask,
+        Fault::DropRuntime,
+        Fault::Shutdown,
+        Fault::FreezeRuntime,
+        Fault::Unreachable,
+        Fault::Failing,
+        Fault::IgnoreCancel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -169,6 +249,13 @@ impl Fault {
             Fault::Latency => "latency-link",
             Fault::StderrStall => "stalled-stderr-resign",
             Fault::MemberLoss => "kill9-etcd-leader-member",
+            Fault::AbortTask => "abort-leader-task",
+            Fault::DropRuntime => "drop-leader-runtime",
+            Fault::Shutdown => "shutdown-leader",
+            Fault::FreezeRuntime => "freeze-leader-runtime",
+            Fault::Unreachable => "store-hangs-for-leader",
+            Fault::Failing => "store-fails-for-leader",
+            Fault::IgnoreCancel => "worker-ignores-cancel",
         }
     }
 }
@@ -205,7 +292,9 @@ pub struct Config {
 impl Config {
     /// The backend's name, and the mode in library mode: `etcd`, `etcd library`.
     pub fn label(&self) -> String {
-        if self.library {
+        if self.backend == Backend::Memory {
+            "memory in-process".to_owned()
+        } else if self.library {
             format!("{} library", self.backend.name())
         } else {
             self.backend.name().to_owned()
@@ -223,6 +312,9 @@ pub struct Outcome {
 
 /// Runs the fault loop for one backend and checks its history.
 pub async fn run(config: &Config) -> Outcome {
+    if config.backend == Backend::Memory {
+        return crate::inproc::run(config).await;
+    }
     let started = Instant::now();
     let temp = tempfile::Builder::new()
         .prefix("incumbent-chaos-")
@@ -259,15 +351,22 @@ enum Store {
     Etcd(EtcdServer),
     Cluster(EtcdCluster),
     Consul(ConsulServer),
+    Zookeeper(ZookeeperServer),
+    Redis(RedisServer),
+    Memcached(MemcachedServer),
 }
 
 impl Store {
     async fn start(backend: Backend) -> Store {
         match backend {
+            Backend::Memory => unreachable!("the memory backend runs in process"),
             Backend::File => Store::File,
             Backend::Etcd => Store::Etcd(EtcdServer::single().await),
             Backend::EtcdCluster => Store::Cluster(EtcdCluster::three().await),
             Backend::Consul => Store::Consul(ConsulServer::start().await),
+            Backend::Zookeeper => Store::Zookeeper(ZookeeperServer::single().await),
+            Backend::Redis => Store::Redis(RedisServer::start().await),
+            Backend::Memcached => Store::Memcached(MemcachedServer::start().await),
         }
     }
 
@@ -277,6 +376,9 @@ impl Store {
             Store::File | Store::Cluster(_) => None,
             Store::Etcd(etcd) => Some(etcd.client_addr()),
             Store::Consul(consul) => Some(consul.http),
+            Store::Zookeeper(zookeeper) => Some(zookeeper.client_addr()),
+            Store::Redis(redis) => Some(redis.addr),
+            Store::Memcached(memcached) => Some(memcached.addr()),
         }
     }
 
@@ -285,6 +387,9 @@ impl Store {
             Store::File | Store::Cluster(_) => None,
             Store::Etcd(etcd) => Some(etcd.process()),
             Store::Consul(consul) => Some(&mut consul.process),
+            Store::Zookeeper(zookeeper) => Some(zookeeper.process()),
+            Store::Redis(redis) => Some(&mut redis.process),
+            Store::Memcached(memcached) => Some(memcached.process()),
         }
     }
 }
@@ -336,6 +441,60 @@ impl ConsulServer {
         ConsulServer {
             process,
             http,
+            _dir: dir,
+        }
+    }
+}
+
+/// A Redis that keeps its data in an append-only file synced before every reply
+/// (`appendfsync always`), so that a kill -9 loses no acknowledged write: the harness's
+/// `RedisServer` keeps nothing, and would lose the lock and the fencing counter on a
+/// restart, as memcached does.
+struct RedisServer {
+    process: ServerProcess,
+    addr: std::net::SocketAddr,
+    _probe: TextProbe,
+    _dir: TempDir,
+}
+
+impl RedisServer {
+    async fn start() -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("incumbent-chaos-redis-")
+            .tempdir()
+            .expect("create a redis temp dir");
+        let addr = free_addr();
+        let args: Vec<String> = vec![
+            "--port".into(),
+            addr.port().to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "always".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+        ];
+        let probe = TextProbe::start(addr, b"PING\r\n");
+        let mut process = ServerProcess::spawn(
+            "redis",
+            find_binary("redis-server"),
+            args,
+            dir.path(),
+            Probe::Http {
+                addr: probe.addr,
+                path: "/",
+                check: |body| body.starts_with("+PONG"),
+            },
+        );
+        process.wait_ready().await;
+        RedisServer {
+            process,
+            addr,
+            _probe: probe,
             _dir: dir,
         }
     }
@@ -428,6 +587,9 @@ impl World {
             }
             (Store::Etcd(_), Some(proxy)) => format!("etcd://{}", proxy.addr()),
             (Store::Consul(_), Some(proxy)) => format!("consul://{}", proxy.addr()),
+            (Store::Zookeeper(_), Some(proxy)) => format!("zk://{}", proxy.addr()),
+            (Store::Redis(_), Some(proxy)) => format!("redis://{}", proxy.addr()),
+            (Store::Memcached(_), Some(proxy)) => format!("memcached://{}", proxy.addr()),
             (_, None) => unreachable!("store backends have a proxy per candidate"),
         }
     }
@@ -674,32 +836,40 @@ impl World {
             injected += 1;
             let since = Duration::from_nanos(mono_ns().saturating_sub(inject_ns));
             let settled = self.await_leader(bound.saturating_sub(since)).await;
+            // Late: wait on, to tell a late leader (a violation, e.g. on a loaded host) from
+            // none at all (which ends the run).
+            let late = match settled {
+                Some(_) => None,
+                None => self.await_leader(crate::run::LATE_LIMIT).await,
+            };
             let record = FaultRecord {
                 kind: fault.name().to_owned(),
                 supervisor: leader.supervisor,
                 worker: leader.pid,
                 token: leader.token,
                 freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
+                store_lost_data: fault == Fault::StoreRestart && self.backend.restart_loses_data(),
                 inject_ns,
                 heal_ns,
                 settled_ns: settled.as_ref().map(|(_, at)| *at),
+                late_settled_ns: Some(late.as_ref().map(|(_, at)| *at)),
                 bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
             };
             let line = serde_json::to_string(&record).expect("serialize");
             let _ = writeln!(self.faults_log, "{line}");
-            match settled {
+            match settled.or(late) {
                 Some((next, _)) => leader = next,
                 None => {
                     errors.push(format!(
-                        "fault {n} ({}): no single running leader within {bound:?}; \
-                         candidate logs in {}",
+                        "fault {n} ({}): no single running leader within {bound:?} and {:?} \
+                         more; history in {}",
                         fault.name(),
+                        crate::run::LATE_LIMIT,
                         self.dir.display()
                     ));
                     break;
                 }
             }
-            // Let the leader work a little before the next fault.
             sleep(Duration::from_millis(200 + rng.u64(..300))).await;
         }
         injected
@@ -791,6 +961,15 @@ impl World {
                 sleep(Duration::from_millis(500 + rng.u64(..1000))).await;
                 candidate.stalled.store(false, Ordering::SeqCst);
             }
+            Fault::AbortTask
+            | Fault::DropRuntime
+            | Fault::Shutdown
+            | Fault::FreezeRuntime
+            | Fault::Unreachable
+            | Fault::Failing
+            | Fault::IgnoreCancel => {
+                unreachable!("{} is an in-process fault", fault.name())
+            }
         }
         let heal = mono_ns();
         let bound = match fault {
@@ -881,12 +1060,12 @@ fn tail(path: &Path) -> Option<String> {
 }
 
 /// Whether a ledger's term has ended (its `stop` line is written).
-fn ended(path: &Path) -> bool {
+pub fn ended(path: &Path) -> bool {
     tail(path).is_some_and(|t| t.contains("\nstop ") || t.starts_with("stop "))
 }
 
 /// The time of the last complete `beat` line of a ledger.
-fn last_beat_ns(path: &Path) -> Option<u64> {
+pub fn last_beat_ns(path: &Path) -> Option<u64> {
     tail(path)?
         .split_inclusive('\n')
         .filter(|l| l.ends_with('\n'))

@@ -1,8 +1,9 @@
 //! The command each candidate runs while it leads, and the fenced resource it writes to.
 //!
-//! The worker appends its history to `<ledger>/w-<pid>.log`, one line per event, each written
-//! with one `write(2)` on a file opened for appending, so that a `kill -9` loses nothing
-//! already written:
+//! The worker appends its history to `<ledger>/w-<pid>-<token>.log` (the token in the name,
+//! because pids are reused in a long run), one line per event, each written with one
+//! `write(2)` on a file opened for appending, so that a `kill -9` loses nothing already
+//! written:
 //!
 //! ```text
 //! start <mono ns> <token> <pid> <supervisor pid>
@@ -75,7 +76,7 @@ pub fn worker(ledger: &Path, fence_dir: &Path) -> i32 {
     let mut log = match OpenOptions::new()
         .create(true)
         .append(true)
-        .open(ledger.join(format!("w-{pid}.log")))
+        .open(ledger.join(format!("w-{pid}-{token}.log")))
     {
         Ok(log) => log,
         Err(e) => {
