@@ -78,6 +78,27 @@ async fn a_restart_demotes_the_leader_at_its_next_renewal_and_tokens_still_grow(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_a_new_process_gets_a_token_above_every_earlier_one() {
+    let mut server = MemcachedServer::start().await;
+    let mut a = election(&connect(&server).await, "fresh", "a").campaign();
+    let mut last = elected(&mut a, PATIENCE).await.fencing_token();
+    for _ in 0..2 {
+        a.resign().await.expect("resign");
+        last = elected(&mut a, PATIENCE).await.fencing_token();
+    }
+    a.shutdown().await.expect("shutdown");
+    server.process().restart().await;
+    // A candidate that never saw those tokens: nothing in it can raise the counter past them.
+    let mut c = election(&connect(&server).await, "fresh", "c").campaign();
+    let next = elected(&mut c, PATIENCE).await.fencing_token();
+    assert!(
+        next > last,
+        "the counter came back below the tokens before the restart: {last} then {next}"
+    );
+    c.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_key_ends_the_term_as_key_deleted() {
     let server = MemcachedServer::start().await;
     let backend = connect(&server).await;

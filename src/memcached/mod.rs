@@ -10,7 +10,9 @@
 //!   candidate then takes the lock *before the old leader knows*: it learns at its next
 //!   renewal (a third of the ttl at most). Two leaders overlap for that long.
 //! - **Restart.** memcached keeps nothing across a restart: every lock key **and every
-//!   fencing counter** is gone. The counter starts again from zero.
+//!   fencing counter** is gone. The counter is created at the current Unix time in
+//!   milliseconds, so after a restart it starts again above every earlier token, as long as
+//!   the hosts' clocks agree to within the time since the counter was last created.
 //! - **No replication.** With several memcached servers, a client library's key hashing
 //!   sends the key to one of them; a server that leaves takes the lock with it. This backend
 //!   talks to one server.
@@ -21,13 +23,13 @@
 //! the candidate raises the counter past it and takes the lock, but leads only a ttl later,
 //! when the last leader has surely noticed its loss; it never hands out a smaller token that
 //! it can know about. A candidate that never saw the old tokens (a new process after a
-//! restart) cannot know: downstream fencing must. If the election must not be lost to a
+//! restart) relies on the counter's clock-based start above. If the election must not be lost to a
 //! cache's memory pressure, use etcd, Consul or ZooKeeper.
 //!
 //! # How it works
 //!
 //! - **Acquire.** `gets` the key `<prefix><election>`; when it is absent, `incr` the
-//!   counter `<prefix><election>:fencing` (created with `add` at 0, without expiry, when
+//!   counter `<prefix><election>:fencing` (created with `add` at the Unix time in milliseconds, without expiry, when
 //!   missing) and `add` the key with the candidate ([`Leader`](crate::Leader) as JSON, with
 //!   the new token and a random owner id) and an expiry. `add` succeeds for one candidate
 //!   only; the others skipped a token, which is harmless.

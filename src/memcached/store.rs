@@ -28,17 +28,25 @@ fn exptime(ttl: Duration) -> i64 {
 }
 
 impl Client {
-    /// The next token: `incr` of the counter, created at 0 (without expiry) when missing.
-    async fn next_token(&self, counter: &str) -> Result<u64> {
+    /// The next token: `incr` of the counter, created (without expiry) when missing at the
+    /// current Unix time in milliseconds. A counter that a restart or an eviction lost thus
+    /// starts again above every token handed out before, with no candidate having to have
+    /// seen them: a term takes far longer than a millisecond, so tokens never overtake the
+    /// clock they started from (given hosts' clocks within that margin of each other).
+    ///
+    /// Also says whether the counter was missing (created now, or by a racing candidate).
+    async fn next_token(&self, counter: &str) -> Result<(u64, bool)> {
         if let Some(token) = self.incr(counter, 1).await? {
-            return Ok(token);
+            return Ok((token, false));
         }
         // A lost `add` race means another candidate just created it: fine either way.
-        self.add(counter, b"0", 0).await?;
-        self.incr(counter, 1).await?.ok_or_else(|| Error::Store {
+        let start = crate::backend::unix_ms_now().to_string();
+        self.add(counter, start.as_bytes(), 0).await?;
+        let token = self.incr(counter, 1).await?.ok_or_else(|| Error::Store {
             backend: NAME,
             reason: format!("the fencing counter {counter} vanished right after it was created"),
-        })
+        })?;
+        Ok((token, true))
     }
 
     /// Rewrites `key`'s value `ours` as `new` with expiry `exptime`, if it is still `ours`:
@@ -108,9 +116,12 @@ impl Store for Client {
         if let Some(item) = self.get(claim.key).await? {
             return Ok(Acquired::Held(Some(item.value)));
         }
-        let mut token = self.next_token(claim.counter).await?;
-        let went_back = token <= claim.floor;
-        if went_back {
+        let (mut token, created) = self.next_token(claim.counter).await?;
+        // A counter that this candidate saw before and is now missing was lost (a restart,
+        // an eviction) with the lock: the last leader may not know yet, so this term waits,
+        // as for a counter that went back.
+        let went_back = token <= claim.floor || (created && claim.floor > 0);
+        if token <= claim.floor {
             token = self
                 .incr(claim.counter, claim.floor + 1 - token)
                 .await?
