@@ -50,6 +50,26 @@ pub struct FaultRecord {
     pub bound_ms: u64,
 }
 
+impl FaultRecord {
+    /// A fault on the leader (`worker` under `supervisor`, with `token`), its times and
+    /// flags not yet set.
+    pub fn new(fault: crate::run::Fault, supervisor: i32, worker: i32, token: u64) -> FaultRecord {
+        FaultRecord {
+            kind: fault.name().to_owned(),
+            supervisor,
+            worker,
+            token,
+            freezes_supervisor: false,
+            store_lost_data: false,
+            inject_ns: 0,
+            heal_ns: 0,
+            settled_ns: None,
+            late_settled_ns: None,
+            bound_ms: 0,
+        }
+    }
+}
+
 /// Tells a field that is there (even `null`) from one that is missing.
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
     Option::<u64>::deserialize(d).map(Some)

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use crate::check::{self, Death, FaultRecord, History};
-use crate::run::{Config, ELECTION, FRESH_BEAT, Fault, HANDOFF_BOUND, Outcome, STABLE};
+use crate::run::{Config, ELECTION, FRESH_BEAT, Fault, Faulty, HANDOFF_BOUND, Outcome, fault_loop};
 use crate::worker::{ESCAPE_LIFETIME, Fence, mono_ns};
 
 /// How long the first leader may take.
@@ -106,7 +106,8 @@ pub async fn run(config: &Config) -> Outcome {
     let mut errors = Vec::new();
     let injected = {
         let mut world = World::start(config, &dir);
-        let injected = world.fault_loop(&mut errors).await;
+        let applicable = config.backend.faults(false);
+        let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
         world.shut_down(&mut errors).await;
         injected
     };
@@ -264,30 +265,6 @@ impl World {
         Some(leader.clone())
     }
 
-    async fn await_leader(&mut self, limit: Duration) -> Option<(Seen, u64)> {
-        let deadline = Instant::now() + limit;
-        let mut current: Option<(Seen, u64, Instant)> = None;
-        loop {
-            match (self.running_leader(), &current) {
-                (Some(leader), Some((seen, _, _))) if leader.worker == seen.worker => {}
-                (Some(leader), _) => current = Some((leader, mono_ns(), Instant::now())),
-                (None, _) => current = None,
-            }
-            if let Some((leader, at, since)) = &current {
-                if *since > deadline {
-                    return None;
-                }
-                if since.elapsed() >= STABLE {
-                    return Some((leader.clone(), *at));
-                }
-            } else if Instant::now() >= deadline {
-                return None;
-            }
-            self.drop_lingering(false);
-            sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     /// Drops the runtimes of crashed candidates whose time is up (all of them: `all`).
     fn drop_lingering(&mut self, all: bool) {
         let now = Instant::now();
@@ -328,86 +305,7 @@ impl World {
         candidate.exit();
     }
 
-    async fn fault_loop(&mut self, errors: &mut Vec<String>) -> usize {
-        let config = self.config.clone();
-        let mut rng = fastrand::Rng::with_seed(config.seed);
-        let applicable = config.backend.faults(false);
-        let kinds: Vec<Fault> = if config.kinds.is_empty() {
-            applicable
-        } else {
-            config
-                .kinds
-                .iter()
-                .copied()
-                .filter(|k| applicable.contains(k))
-                .collect()
-        };
-        let started = Instant::now();
-        let Some((mut leader, _)) = self.await_leader(FIRST_LEADER).await else {
-            errors.push(format!("no leader within {FIRST_LEADER:?} of the start"));
-            return 0;
-        };
-        let mut injected = 0;
-        for n in 0..config.faults {
-            if kinds.is_empty() || started.elapsed() >= config.max_time {
-                break;
-            }
-            let fault = if config.in_turn {
-                kinds[n % kinds.len()]
-            } else {
-                kinds[rng.usize(..kinds.len())]
-            };
-            let Some(index) = self.candidate_by_id(leader.supervisor) else {
-                errors.push(format!(
-                    "the leader's candidate {} is unknown",
-                    leader.supervisor
-                ));
-                break;
-            };
-            let (inject_ns, heal_ns, bound) = self.inject(fault, index, &mut rng, errors).await;
-            injected += 1;
-            let since = Duration::from_nanos(mono_ns().saturating_sub(inject_ns));
-            let settled = self.await_leader(bound.saturating_sub(since)).await;
-            // Late: wait on, to tell a late leader (a violation, e.g. on a loaded host) from
-            // none at all (which ends the run).
-            let late = match settled {
-                Some(_) => None,
-                None => self.await_leader(crate::run::LATE_LIMIT).await,
-            };
-            let record = FaultRecord {
-                kind: fault.name().to_owned(),
-                supervisor: leader.supervisor,
-                worker: leader.worker,
-                token: leader.token,
-                freezes_supervisor: fault == Fault::FreezeRuntime,
-                store_lost_data: false,
-                inject_ns,
-                heal_ns,
-                settled_ns: settled.as_ref().map(|(_, at)| *at),
-                late_settled_ns: Some(late.as_ref().map(|(_, at)| *at)),
-                bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
-            };
-            let line = serde_json::to_string(&record).expect("serialize");
-            let _ = writeln!(self.faults_log, "{line}");
-            match settled.or(late) {
-                Some((next, _)) => leader = next,
-                None => {
-                    errors.push(format!(
-                        "fault {n} ({}): no single running leader within {bound:?} and {:?} \
-                         more; history in {}",
-                        fault.name(),
-                        crate::run::LATE_LIMIT,
-                        self.dir.display()
-                    ));
-                    break;
-                }
-            }
-            sleep(Duration::from_millis(200 + rng.u64(..300))).await;
-        }
-        injected
-    }
-
-    async fn inject(
+    async fn inject_fault(
         &mut self,
         fault: Fault,
         index: usize,
@@ -507,5 +405,53 @@ impl Drop for World {
             candidate.exit();
         }
         self.drop_lingering(true);
+    }
+}
+
+impl Faulty for World {
+    type Leader = Seen;
+    const FIRST_LEADER: Duration = FIRST_LEADER;
+
+    fn running_leader(&mut self) -> Option<Seen> {
+        World::running_leader(self)
+    }
+
+    fn worker(leader: &Seen) -> i32 {
+        leader.worker
+    }
+
+    fn between_looks(&mut self) {
+        self.drop_lingering(false);
+    }
+
+    fn locate(&self, leader: &Seen) -> Result<usize, String> {
+        self.candidate_by_id(leader.supervisor)
+            .ok_or_else(|| format!("the leader's candidate {} is unknown", leader.supervisor))
+    }
+
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        index: usize,
+        _leader: &Seen,
+        rng: &mut fastrand::Rng,
+        errors: &mut Vec<String>,
+    ) -> (u64, u64, Duration) {
+        self.inject_fault(fault, index, rng, errors).await
+    }
+
+    fn record(&self, fault: Fault, leader: &Seen) -> FaultRecord {
+        FaultRecord {
+            freezes_supervisor: fault == Fault::FreezeRuntime,
+            ..FaultRecord::new(fault, leader.supervisor, leader.worker, leader.token)
+        }
+    }
+
+    fn faults_log(&mut self) -> &mut File {
+        &mut self.faults_log
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
     }
 }

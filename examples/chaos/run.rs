@@ -331,7 +331,8 @@ pub async fn run(config: &Config) -> Outcome {
     let mut errors = Vec::new();
     let injected = {
         let mut world = World::start(config, &dir).await;
-        let injected = world.fault_loop(config, &mut errors).await;
+        let applicable = config.backend.faults(config.library);
+        let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
         world.shut_down(&mut errors).await;
         injected
     };
@@ -730,29 +731,6 @@ impl World {
 
     /// Waits until one leader has run, alone, for [`STABLE`]; when that began within
     /// `limit`, the leader and the instant it began.
-    async fn await_leader(&mut self, limit: Duration) -> Option<(Seen, u64)> {
-        let deadline = Instant::now() + limit;
-        let mut current: Option<(Seen, u64, Instant)> = None;
-        loop {
-            match (self.running_leader(), &current) {
-                (Some(leader), Some((seen, _, _))) if leader.pid == seen.pid => {}
-                (Some(leader), _) => current = Some((leader, mono_ns(), Instant::now())),
-                (None, _) => current = None,
-            }
-            if let Some((leader, at, since)) = &current {
-                if *since > deadline {
-                    return None;
-                }
-                if since.elapsed() >= STABLE {
-                    return Some((leader.clone(), *at));
-                }
-            } else if Instant::now() >= deadline {
-                return None;
-            }
-            sleep(Duration::from_millis(10)).await;
-        }
-    }
-
     fn record_death(&mut self, pid: i32, at_ns: u64) {
         let line = serde_json::to_string(&Death { pid, at_ns }).expect("serialize");
         let _ = writeln!(self.deaths_log, "{line}");
@@ -795,89 +773,9 @@ impl World {
         }
     }
 
-    /// Runs the faults; returns how many were injected.
-    async fn fault_loop(&mut self, config: &Config, errors: &mut Vec<String>) -> usize {
-        let mut rng = fastrand::Rng::with_seed(config.seed);
-        let applicable = self.backend.faults(config.library);
-        let kinds: Vec<Fault> = if config.kinds.is_empty() {
-            applicable
-        } else {
-            config
-                .kinds
-                .iter()
-                .copied()
-                .filter(|k| applicable.contains(k))
-                .collect()
-        };
-        let started = Instant::now();
-        let Some((mut leader, _)) = self.await_leader(FIRST_LEADER).await else {
-            errors.push(format!("no leader within {FIRST_LEADER:?} of the start"));
-            return 0;
-        };
-        let mut injected = 0;
-        for n in 0..config.faults {
-            if kinds.is_empty() || started.elapsed() >= config.max_time {
-                break;
-            }
-            let fault = if config.in_turn {
-                kinds[n % kinds.len()]
-            } else {
-                kinds[rng.usize(..kinds.len())]
-            };
-            let Some(index) = self.candidate_by_pid(leader.supervisor) else {
-                errors.push(format!(
-                    "the leader's supervisor {} is unknown",
-                    leader.supervisor
-                ));
-                break;
-            };
-            let (inject_ns, heal_ns, bound) =
-                self.inject(fault, index, &leader, &mut rng, errors).await;
-            injected += 1;
-            let since = Duration::from_nanos(mono_ns().saturating_sub(inject_ns));
-            let settled = self.await_leader(bound.saturating_sub(since)).await;
-            // Late: wait on, to tell a late leader (a violation, e.g. on a loaded host) from
-            // none at all (which ends the run).
-            let late = match settled {
-                Some(_) => None,
-                None => self.await_leader(crate::run::LATE_LIMIT).await,
-            };
-            let record = FaultRecord {
-                kind: fault.name().to_owned(),
-                supervisor: leader.supervisor,
-                worker: leader.pid,
-                token: leader.token,
-                freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
-                store_lost_data: fault == Fault::StoreRestart && self.backend.restart_loses_data(),
-                inject_ns,
-                heal_ns,
-                settled_ns: settled.as_ref().map(|(_, at)| *at),
-                late_settled_ns: Some(late.as_ref().map(|(_, at)| *at)),
-                bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
-            };
-            let line = serde_json::to_string(&record).expect("serialize");
-            let _ = writeln!(self.faults_log, "{line}");
-            match settled.or(late) {
-                Some((next, _)) => leader = next,
-                None => {
-                    errors.push(format!(
-                        "fault {n} ({}): no single running leader within {bound:?} and {:?} \
-                         more; history in {}",
-                        fault.name(),
-                        crate::run::LATE_LIMIT,
-                        self.dir.display()
-                    ));
-                    break;
-                }
-            }
-            sleep(Duration::from_millis(200 + rng.u64(..300))).await;
-        }
-        injected
-    }
-
     /// Injects `fault` on candidate `index`, the leader; returns when it began, when it was
     /// lifted, and the bound from its beginning to one leader again.
-    async fn inject(
+    async fn inject_fault(
         &mut self,
         fault: Fault,
         index: usize,
@@ -1088,4 +986,194 @@ async fn raft_leader(cluster: &EtcdCluster) -> Option<usize> {
         }
     }
     None
+}
+
+impl Faulty for World {
+    type Leader = Seen;
+    const FIRST_LEADER: Duration = FIRST_LEADER;
+
+    fn running_leader(&mut self) -> Option<Seen> {
+        World::running_leader(self)
+    }
+
+    fn worker(leader: &Seen) -> i32 {
+        leader.pid
+    }
+
+    fn locate(&self, leader: &Seen) -> Result<usize, String> {
+        self.candidate_by_pid(leader.supervisor)
+            .ok_or_else(|| format!("the leader's supervisor {} is unknown", leader.supervisor))
+    }
+
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        index: usize,
+        leader: &Seen,
+        rng: &mut fastrand::Rng,
+        errors: &mut Vec<String>,
+    ) -> (u64, u64, Duration) {
+        self.inject_fault(fault, index, leader, rng, errors).await
+    }
+
+    fn record(&self, fault: Fault, leader: &Seen) -> FaultRecord {
+        FaultRecord {
+            freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
+            store_lost_data: fault == Fault::StoreRestart && self.backend.restart_loses_data(),
+            ..FaultRecord::new(fault, leader.supervisor, leader.pid, leader.token)
+        }
+    }
+
+    fn faults_log(&mut self) -> &mut File {
+        &mut self.faults_log
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// What the fault loop needs of a world, whatever runs its candidates: processes (this
+/// module's `World`) or runtimes of this process (`inproc`). The loop, [`fault_loop`], and
+/// the wait for one leader, [`await_leader`], are written once, here.
+pub(crate) trait Faulty {
+    /// A worker, as its ledger shows it.
+    type Leader: Clone;
+    /// How long the first leader may take.
+    const FIRST_LEADER: Duration;
+    /// The one running leader, if there is exactly one.
+    fn running_leader(&mut self) -> Option<Self::Leader>;
+    /// The worker's id: the same leader seen again has the same one.
+    fn worker(leader: &Self::Leader) -> i32;
+    /// Housekeeping between two looks for the leader.
+    fn between_looks(&mut self) {}
+    /// The index of the leader's candidate, or why it is unknown.
+    fn locate(&self, leader: &Self::Leader) -> Result<usize, String>;
+    /// Injects `fault` on candidate `index`, the leader; returns when it began, when it was
+    /// lifted, and the bound from its beginning to one leader again.
+    async fn inject(
+        &mut self,
+        fault: Fault,
+        index: usize,
+        leader: &Self::Leader,
+        rng: &mut fastrand::Rng,
+        errors: &mut Vec<String>,
+    ) -> (u64, u64, Duration);
+    /// The record of `fault` on `leader`, its times not yet set.
+    fn record(&self, fault: Fault, leader: &Self::Leader) -> FaultRecord;
+    /// Where fault records go, one JSON line each.
+    fn faults_log(&mut self) -> &mut File;
+    /// The history's directory, for messages.
+    fn dir(&self) -> &Path;
+}
+
+/// The one running leader once it has run for [`STABLE`], and when it was first seen; `None`
+/// if none settles within `limit`.
+pub(crate) async fn await_leader<W: Faulty>(
+    world: &mut W,
+    limit: Duration,
+) -> Option<(W::Leader, u64)> {
+    let deadline = Instant::now() + limit;
+    let mut current: Option<(W::Leader, u64, Instant)> = None;
+    loop {
+        match (world.running_leader(), &current) {
+            (Some(leader), Some((seen, _, _))) if W::worker(&leader) == W::worker(seen) => {}
+            (Some(leader), _) => current = Some((leader, mono_ns(), Instant::now())),
+            (None, _) => current = None,
+        }
+        if let Some((leader, at, since)) = &current {
+            if *since > deadline {
+                return None;
+            }
+            if since.elapsed() >= STABLE {
+                return Some((leader.clone(), *at));
+            }
+        } else if Instant::now() >= deadline {
+            return None;
+        }
+        world.between_looks();
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs the faults (drawn from `applicable`, narrowed to `config.kinds`); returns how many
+/// were injected.
+pub(crate) async fn fault_loop<W: Faulty>(
+    world: &mut W,
+    config: &Config,
+    applicable: Vec<Fault>,
+    errors: &mut Vec<String>,
+) -> usize {
+    let mut rng = fastrand::Rng::with_seed(config.seed);
+    let kinds: Vec<Fault> = if config.kinds.is_empty() {
+        applicable
+    } else {
+        config
+            .kinds
+            .iter()
+            .copied()
+            .filter(|k| applicable.contains(k))
+            .collect()
+    };
+    let started = Instant::now();
+    let Some((mut leader, _)) = await_leader(world, W::FIRST_LEADER).await else {
+        errors.push(format!(
+            "no leader within {:?} of the start",
+            W::FIRST_LEADER
+        ));
+        return 0;
+    };
+    let mut injected = 0;
+    for n in 0..config.faults {
+        if kinds.is_empty() || started.elapsed() >= config.max_time {
+            break;
+        }
+        let fault = if config.in_turn {
+            kinds[n % kinds.len()]
+        } else {
+            kinds[rng.usize(..kinds.len())]
+        };
+        let index = match world.locate(&leader) {
+            Ok(index) => index,
+            Err(why) => {
+                errors.push(why);
+                break;
+            }
+        };
+        let (inject_ns, heal_ns, bound) =
+            world.inject(fault, index, &leader, &mut rng, errors).await;
+        injected += 1;
+        let since = Duration::from_nanos(mono_ns().saturating_sub(inject_ns));
+        let settled = await_leader(world, bound.saturating_sub(since)).await;
+        // Late: wait on, to tell a late leader (a violation, e.g. on a loaded host) from
+        // none at all (which ends the run).
+        let late = match settled {
+            Some(_) => None,
+            None => await_leader(world, LATE_LIMIT).await,
+        };
+        let record = FaultRecord {
+            inject_ns,
+            heal_ns,
+            settled_ns: settled.as_ref().map(|(_, at)| *at),
+            late_settled_ns: Some(late.as_ref().map(|(_, at)| *at)),
+            bound_ms: u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+            ..world.record(fault, &leader)
+        };
+        let line = serde_json::to_string(&record).expect("serialize");
+        let _ = writeln!(world.faults_log(), "{line}");
+        match settled.or(late) {
+            Some((next, _)) => leader = next,
+            None => {
+                errors.push(format!(
+                    "fault {n} ({}): no single running leader within {bound:?} and {LATE_LIMIT:?} \
+                     more; history in {}",
+                    fault.name(),
+                    world.dir().display()
+                ));
+                break;
+            }
+        }
+        sleep(Duration::from_millis(200 + rng.u64(..300))).await;
+    }
+    injected
 }
