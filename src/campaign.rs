@@ -213,7 +213,10 @@ impl CampaignHandle {
     /// Errors with [`Error::NotLeader`] if this candidate does not lead, or its term ends
     /// before the store confirms; with the store's error if the update fails (the term goes
     /// on, with the old metadata). The update is bounded by the renew deadline: a leader
-    /// never waits on it past the moment it must fence itself.
+    /// never waits on it past the moment it must fence itself. While it is in flight, a lost
+    /// session still ends the term at once; a lock taken away behind the session's back (an
+    /// operator deleting the key) is seen when the store refuses the update, since the
+    /// update only applies to a lock that is still ours.
     pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {
         let (done, wait) = oneshot::channel();
         self.shared
