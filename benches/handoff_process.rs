@@ -13,7 +13,9 @@
 //! line and their ratio: measured in one run, on one machine, under the same load.
 //!
 //! Each round starts two `incumbent --log-format json run` processes (a leads, b follows),
-//! both running `sh -c 'echo up; exec sleep 600'`, then sends SIGTERM to a. Two kinds of
+//! both running the same command, then sends SIGTERM to a. Each section runs twice: with
+//! `sh -c 'echo up; exec sleep 600'`, and with a program that prints at once (a few lines of
+//! C compiled here with `cc`: a shell alone takes about 1 ms to print). Two kinds of
 //! instants:
 //! - when this process reads a line (a reader thread per stream): a's `command_stopped` (its
 //!   command is gone), a's `stopped` (lock released, session closed), and the first line of
@@ -80,17 +82,75 @@ fn follow(
     });
 }
 
-fn start(bin: &str, backend: &str, election: &str, who: &'static str, tx: &Sender<Seen>) -> Proc {
+/// The command each `incumbent run` supervises: it prints a line, then waits to be killed.
+#[derive(Clone, Debug)]
+enum Workload {
+    /// `sh -c 'echo up; exec sleep 600'`: a shell starting costs about 1 ms of its own.
+    Shell,
+    /// A program that prints at once: the few lines of C in [`UP_C`], compiled here with the
+    /// system's `cc` (statically when the C library allows it), the least a command can cost
+    /// to start. `etcdctl lock`, the usual comparison, prints its line itself.
+    PrintsAtOnce(std::path::PathBuf),
+}
+
+impl Workload {
+    fn argv(&self) -> Vec<String> {
+        match self {
+            Workload::Shell => ["sh", "-c", "echo up; exec sleep 600"]
+                .map(str::to_owned)
+                .to_vec(),
+            Workload::PrintsAtOnce(path) => vec![path.display().to_string()],
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Workload::Shell => "sh -c 'echo up; exec sleep 600'",
+            Workload::PrintsAtOnce(_) => "a program that prints at once",
+        }
+    }
+}
+
+/// Prints `up`, then sleeps until killed.
+const UP_C: &str =
+    "#include <unistd.h>\nint main(void) { write(1, \"up\\n\", 3); for (;;) pause(); }\n";
+
+/// Compiles [`UP_C`] into `dir`: statically if the C library allows it, else dynamically.
+/// `None`, with the reason printed, when there is no C compiler.
+fn prints_at_once(dir: &std::path::Path) -> Option<Workload> {
+    let source = dir.join("up.c");
+    let program = dir.join("up");
+    std::fs::write(&source, UP_C).ok()?;
+    for flags in [&["-O2", "-static"][..], &["-O2"][..]] {
+        let built = Command::new("cc")
+            .args(flags)
+            .arg(&source)
+            .arg("-o")
+            .arg(&program)
+            .stderr(Stdio::null())
+            .status();
+        if built.is_ok_and(|s| s.success()) {
+            return Some(Workload::PrintsAtOnce(program));
+        }
+    }
+    println!(
+        "(no working `cc`: the \"prints at once\" sections are skipped; install gcc to run them)"
+    );
+    None
+}
+
+fn start(
+    bin: &str,
+    backend: &str,
+    election: &str,
+    who: &'static str,
+    workload: &Workload,
+    tx: &Sender<Seen>,
+) -> Proc {
     let mut child = Command::new(bin)
         .args(["--log-format", "json", "run", "--election", election])
-        .args([
-            "--backend",
-            backend,
-            "--",
-            "sh",
-            "-c",
-            "echo up; exec sleep 600",
-        ])
+        .args(["--backend", backend, "--"])
+        .args(workload.argv())
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -150,12 +210,12 @@ struct Round {
     first_line: f64,
 }
 
-fn round(bin: &str, backend: &str, n: usize) -> Option<Round> {
+fn round(bin: &str, backend: &str, workload: &Workload, n: usize) -> Option<Round> {
     let election = format!("bench/process-{n}-{}", std::process::id());
     let (tx, rx) = channel();
-    let a = start(bin, backend, &election, "a", &tx);
+    let a = start(bin, backend, &election, "a", workload, &tx);
     wait_for(&rx, "a", "stdout", None)?;
-    let b = start(bin, backend, &election, "b", &tx);
+    let b = start(bin, backend, &election, "b", workload, &tx);
     wait_for(&rx, "b", "stderr", Some("leader"))?;
     thread::sleep(Duration::from_millis(200));
     while rx.try_recv().is_ok() {}
@@ -207,7 +267,7 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn section(name: &str, backend: &str) {
+fn section(name: &str, backend: &str, workload: &Workload) {
     let baseline_bin = std::env::var("INCUMBENT_BASELINE_BIN").ok();
     let count = std::env::var("HANDOFF_ROUNDS")
         .ok()
@@ -218,15 +278,16 @@ fn section(name: &str, backend: &str) {
     let mut baseline = Vec::new();
     for n in 0..count {
         if let Some(bin) = &baseline_bin
-            && let Some(r) = round(bin, backend, count + n)
+            && let Some(r) = round(bin, backend, workload, count + n)
         {
             baseline.push(r.first_line);
         }
-        rounds.extend(round(BIN, backend, n));
+        rounds.extend(round(BIN, backend, workload, n));
     }
     let med = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect()) / 1000.0;
     println!(
-        "{name}: {} rounds; medians, ms after SIGTERM of the leader's supervisor:",
+        "{name}, command {}: {} rounds; medians, ms after SIGTERM of the leader's supervisor:",
+        workload.name(),
         rounds.len()
     );
     println!(
@@ -285,15 +346,82 @@ fn section(name: &str, backend: &str) {
     }
 }
 
+/// The same hand-off with `etcdctl lock`, etcd's own tool, for a ratio measured in the same
+/// run: from SIGTERM of the holder (which releases the lock as it exits) to the next holder
+/// printing the lock's key (it starts no command: it prints the line itself).
+#[cfg(feature = "etcd")]
+fn etcdctl_section(endpoint: &str) {
+    let count = std::env::var("HANDOFF_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS)
+        .min(1000);
+    let start = |name: &str, who: &'static str, tx: &Sender<Seen>| -> Option<Proc> {
+        let mut child = Command::new("etcdctl")
+            .args(["--endpoints", endpoint, "lock", name])
+            .env("ETCDCTL_API", "3")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        follow(child.stdout.take()?, who, "stdout", tx.clone());
+        Some(Proc(child))
+    };
+    let mut first_lines = Vec::new();
+    for n in 0..count {
+        let name = format!("bench/etcdctl-{n}-{}", std::process::id());
+        let (tx, rx) = channel();
+        let Some(a) = start(&name, "a", &tx) else {
+            println!(
+                "etcdctl lock: `etcdctl` did not start (bash scripts/install-test-deps installs it)"
+            );
+            return;
+        };
+        if wait_for(&rx, "a", "stdout", None).is_none() {
+            continue;
+        }
+        let Some(b) = start(&name, "b", &tx) else {
+            continue;
+        };
+        thread::sleep(Duration::from_millis(200));
+        let sigterm = Instant::now();
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe {
+            libc::kill(i32::try_from(a.0.id()).unwrap_or(0), libc::SIGTERM);
+        }
+        if let Some(at) = wait_for(&rx, "b", "stdout", None) {
+            first_lines.push(at.duration_since(sigterm).as_secs_f64() * 1e6);
+        }
+        drop(b);
+        drop(a);
+    }
+    println!(
+        "etcd, `etcdctl lock` (same etcd, same run): {} rounds; median from SIGTERM of the holder to the next holder's line: {:.2} ms",
+        first_lines.len(),
+        median(first_lines) / 1000.0
+    );
+}
+
 fn main() {
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let programs = tempfile::tempdir().expect("temporary directory");
+    let workloads: Vec<Workload> = std::iter::once(Workload::Shell)
+        .chain(prints_at_once(programs.path()))
+        .collect();
     if wanted("file") {
         let dir = tempfile::tempdir().expect("temporary directory");
-        section("file", &format!("file://{}", dir.path().display()));
+        for workload in &workloads {
+            section(
+                "file",
+                &format!("file://{}", dir.path().display()),
+                workload,
+            );
+        }
     }
     #[cfg(feature = "etcd")]
     if wanted("etcd") {
@@ -303,7 +431,10 @@ fn main() {
             .build()
             .expect("runtime");
         let etcd = runtime.block_on(support::EtcdServer::single());
-        section("etcd", &format!("etcd://{}", etcd.client_addr()));
+        for workload in &workloads {
+            section("etcd", &format!("etcd://{}", etcd.client_addr()), workload);
+        }
+        etcdctl_section(&etcd.client_addr().to_string());
         drop(etcd);
     }
 }
