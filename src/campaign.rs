@@ -12,8 +12,15 @@
 //!                          CoolingDown ◀──────────────────  back-off or lock-delay
 //! ```
 //!
-//! Read [`Engine::run`] top to bottom: [`Engine::pursue`] is everything before winning,
-//! [`Engine::lead`] everything while leading, and the loop around them is re-election.
+//! Read [`Engine::run`] top to bottom: [`Engine::open_session`] connects,
+//! [`Engine::pursue`] is everything before winning ([`Engine::follow`] the wait behind a
+//! holder, [`Engine::wait_until`] a back-off or a lock-delay), [`Engine::lead`] everything
+//! while leading ([`Engine::take_office`], [`Engine::hold_office`] until something ends the
+//! term, [`Engine::hand_over`] after it is cancelled), and the loop around them is
+//! re-election ([`Engine::cool_down`] between terms). Every wait outside a term goes through
+//! [`Inbox::unless_interrupted`], so commands and the session's loss are handled one way in
+//! every state: a shutdown or a lost session interrupts; a resign or a proclaim is answered
+//! (there is no term to end or update) and the wait goes on.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -27,8 +34,8 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tracing::Instrument;
 
 use crate::backend::{
-    Attempt, Backend, Contender, FencingToken, Leader, Observer, Session, SessionHealth, lock,
-    unix_ms_now,
+    Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Observer, Session, SessionHealth,
+    lock, unix_ms_now,
 };
 use crate::config::Config;
 use crate::event::{
@@ -281,14 +288,16 @@ pub(crate) fn spawn<B: Backend>(
     let engine = Engine {
         backend,
         config,
-        commands,
+        inbox: Inbox {
+            commands,
+            shutdown_waiters: Vec::new(),
+        },
         status,
         subscribers,
         seen_leader: None,
         failures: 0,
         quick_losses: 0,
         last_token: None,
-        shutdown_waiters: Vec::new(),
         leaderless_since: Some(Instant::now()),
     };
     tokio::spawn(engine.run().instrument(span));
@@ -298,7 +307,7 @@ pub(crate) fn spawn<B: Backend>(
 struct Engine<B: Backend> {
     backend: B,
     config: Arc<Config>,
-    commands: QueueReceiver<Command>,
+    inbox: Inbox,
     status: watch::Sender<Status>,
     subscribers: Subscribers,
     /// The leader last reported, to send `LeaderChanged` only on a change.
@@ -311,7 +320,6 @@ struct Engine<B: Backend> {
     quick_losses: u32,
     /// The token of our last term: a new term must have a greater one.
     last_token: Option<FencingToken>,
-    shutdown_waiters: Vec<oneshot::Sender<()>>,
     /// Since when this candidate has seen the election without a leader (from its start,
     /// the leader's key going, a lock-delay, or its own loss), for `time_to_leader`; `None`
     /// while it sees another candidate lead.
@@ -357,10 +365,85 @@ enum Pursuit<C> {
     Stop,
 }
 
+/// A term in office: what [`Engine::take_office`] sets up and [`Engine::hand_over`] ends.
+struct Office {
+    span: tracing::Span,
+    /// The leader as the store shows it (its metadata updated by proclaims).
+    leader: Leader,
+    fencing_token: FencingToken,
+    in_force: InForce,
+    /// Completes once every guard of the term is dropped.
+    guards: QueueReceiver<()>,
+}
+
+/// How [`Engine::hold_office`] ended; the term is cancelled already.
+struct TermEnd {
+    reason: DemotionReason,
+    /// The lock's loss as the contender saw it, for the backend to explain.
+    lock_loss: Option<LockLoss>,
+    /// When the work must have stopped (see [`Term::stop_by`]).
+    stop_by: Option<Instant>,
+    /// A resign waiting to hear that the lock is released.
+    resign_done: Option<oneshot::Sender<()>>,
+    health: watch::Receiver<SessionHealth>,
+}
+
 /// What interrupted a wait.
 enum Interrupt {
     Shutdown,
     SessionLost,
+}
+
+/// The campaign's commands, and who waits for its shutdown.
+struct Inbox {
+    commands: QueueReceiver<Command>,
+    shutdown_waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Inbox {
+    /// Waits for `work` unless interrupted: by a shutdown (or every handle gone), or, given
+    /// the session's `health`, by the session's loss. Other commands are answered meanwhile
+    /// and `work` goes on; an interrupted `work` is dropped. Every wait outside a term is one
+    /// of these: the commands are handled in one place, the same way in every state.
+    async fn unless_interrupted<F: Future>(
+        &mut self,
+        mut health: Option<&mut watch::Receiver<SessionHealth>>,
+        work: F,
+    ) -> Result<F::Output, Interrupt> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => {
+                    if let Some(interrupt) = self.answer_while_not_leading(command) {
+                        return Err(interrupt);
+                    }
+                }
+                () = lost_if(health.as_deref_mut()) => return Err(Interrupt::SessionLost),
+                output = &mut work => return Ok(output),
+            }
+        }
+    }
+
+    /// Answers a command that arrives while not leading: a resign has nothing to give up, a
+    /// proclaim no term to update; a shutdown interrupts.
+    fn answer_while_not_leading(&mut self, command: Option<Command>) -> Option<Interrupt> {
+        match command {
+            Some(Command::Resign { done, .. }) => {
+                let _ = done.send(());
+                None
+            }
+            Some(Command::Shutdown { done }) => {
+                self.shutdown_waiters.extend(done);
+                Some(Interrupt::Shutdown)
+            }
+            Some(Command::Proclaim { done, .. }) => {
+                let _ = done.send(Err(Error::NotLeader));
+                None
+            }
+            None => Some(Interrupt::Shutdown),
+        }
+    }
 }
 
 impl<B: Backend> Engine<B> {
@@ -439,7 +522,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.stopped();
-        for done in self.shutdown_waiters.drain(..) {
+        for done in self.inbox.shutdown_waiters.drain(..) {
             let _ = done.send(());
         }
         tracing::info!("campaign stopped");
@@ -470,19 +553,17 @@ impl<B: Backend> Engine<B> {
         let options = self.config.session_options();
         loop {
             self.set_role(Role::Connecting);
-            let opened = tokio::select! {
-                biased;
-                command = self.commands.recv() => match self.on_command_while_not_leading(command) {
-                    Some(Interrupt::Shutdown) => return None,
-                    _ => continue,
-                },
-                opened = timeout(self.config.ttl, self.backend.open_session(&options)) => {
-                    opened.unwrap_or_else(|_| Err(Error::Unavailable {
-                        backend: self.backend.info().name,
-                        reason: format!("no answer to opening a session within the ttl ({:?})", self.config.ttl),
-                    }))
-                }
-            };
+            let opening = timeout(self.config.ttl, self.backend.open_session(&options));
+            let opened = self.inbox.unless_interrupted(None, opening).await.ok()?;
+            let opened = opened.unwrap_or_else(|_| {
+                Err(Error::Unavailable {
+                    backend: self.backend.info().name,
+                    reason: format!(
+                        "no answer to opening a session within the ttl ({:?})",
+                        self.config.ttl
+                    ),
+                })
+            });
             match opened {
                 Ok(session) => {
                     tracing::debug!(session = %session.id(), "session opened");
@@ -522,14 +603,14 @@ impl<B: Backend> Engine<B> {
             if !matches!(self.status.borrow().role, Role::Follower) {
                 self.set_role(Role::Candidate);
             }
-            let attempt = tokio::select! {
-                biased;
-                command = self.commands.recv() => match self.on_command_while_not_leading(command) {
-                    Some(Interrupt::Shutdown) => return self.withdraw(contender).await,
-                    _ => continue,
-                },
-                () = lost(&mut health) => return Pursuit::SessionLost,
-                attempt = contender.acquire() => attempt,
+            let attempt = match self
+                .inbox
+                .unless_interrupted(Some(&mut health), contender.acquire())
+                .await
+            {
+                Ok(attempt) => attempt,
+                Err(Interrupt::Shutdown) => return self.withdraw(contender).await,
+                Err(Interrupt::SessionLost) => return Pursuit::SessionLost,
             };
             let interrupt = match attempt {
                 Ok(Attempt::Won { fencing_token }) => {
@@ -594,29 +675,26 @@ impl<B: Backend> Engine<B> {
         sightings: &mut Sightings<B::Observer>,
     ) -> Option<Interrupt> {
         loop {
-            tokio::select! {
-                biased;
-                command = self.commands.recv() => {
-                    if let Some(interrupt) = self.on_command_while_not_leading(command) {
-                        return Some(interrupt);
-                    }
+            let next = async {
+                tokio::select! {
+                    biased;
+                    waited = contender.wait() => Ok(waited),
+                    leader = sightings.next(&self.backend, &self.config) => Err(leader),
                 }
-                () = lost(health) => return Some(Interrupt::SessionLost),
-                waited = contender.wait() => {
-                    return match waited {
-                        Ok(()) => {
-                            // The holder (or our predecessor) may be gone: the election may
-                            // be without a leader from now until someone wins.
-                            self.leaderless_since.get_or_insert_with(Instant::now);
-                            None
-                        }
-                        Err(error) => {
-                            let delay = self.failed(&error);
-                            self.wait_until(Instant::now() + delay, health).await
-                        }
-                    };
+            };
+            match self.inbox.unless_interrupted(Some(health), next).await {
+                Err(interrupt) => return Some(interrupt),
+                Ok(Err(leader)) => self.saw_leader(leader),
+                Ok(Ok(Ok(()))) => {
+                    // The holder (or our predecessor) may be gone: the election may be
+                    // without a leader from now until someone wins.
+                    self.leaderless_since.get_or_insert_with(Instant::now);
+                    return None;
                 }
-                leader = sightings.next(&self.backend, &self.config) => self.saw_leader(leader),
+                Ok(Ok(Err(error))) => {
+                    let delay = self.failed(&error);
+                    return self.wait_until(Instant::now() + delay, health).await;
+                }
             }
         }
     }
@@ -635,20 +713,29 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
-    /// Everything while leading. Returns why the term ended, and whether the lock was released.
+    /// Everything while leading: take office, hold it, hand it over. Returns why the term
+    /// ended, and whether the lock was released.
     async fn lead(
         &mut self,
         session: &B::Session,
         mut contender: ContenderOf<B>,
         fencing_token: FencingToken,
     ) -> (DemotionReason, bool) {
+        let mut office = self.take_office(fencing_token);
+        let end = self.hold_office(session, &mut contender, &mut office).await;
+        self.hand_over(contender, office, end).await
+    }
+
+    /// The term begins: the token is recorded, and the status, the metrics and the
+    /// subscribers say "leader".
+    fn take_office(&mut self, fencing_token: FencingToken) -> Office {
         let span = tracing::info_span!("term", term = fencing_token);
-        let mut leader = Leader {
+        let leader = Leader {
             candidate: self.config.candidate.clone(),
             fencing_token: Some(fencing_token),
             since_unix_ms: Some(unix_ms_now()),
         };
-        let (term, mut guards) = Term::new(self.config.name.clone(), leader.clone(), fencing_token);
+        let (term, guards) = Term::new(self.config.name.clone(), leader.clone(), fencing_token);
         // Ends the term however this task ends, a panic or a dropped runtime included.
         let in_force = InForce(term.clone());
         self.last_token = Some(fencing_token);
@@ -669,7 +756,23 @@ impl<B: Backend> Engine<B> {
         self.subscribers
             .send(&LeadershipEvent::Elected(term.clone()));
         self.saw_leader(Some(leader.clone()));
+        Office {
+            span,
+            leader,
+            fencing_token,
+            in_force,
+            guards,
+        }
+    }
 
+    /// The term, until something ends it: a lost session or lock, the renew deadline, a
+    /// resign or a shutdown. Proclaims are served meanwhile.
+    async fn hold_office(
+        &mut self,
+        session: &B::Session,
+        contender: &mut ContenderOf<B>,
+        office: &mut Office,
+    ) -> TermEnd {
         let mut health = session.health();
         let mut resign_done = None;
         let mut confirmed;
@@ -689,18 +792,18 @@ impl<B: Backend> Engine<B> {
             });
             tokio::select! {
                 biased;
-                command = self.commands.recv() => match command {
+                command = self.inbox.commands.recv() => match command {
                     Some(Command::Resign { reason, done }) => {
                         resign_done = Some(done);
                         break (reason, None);
                     }
                     Some(Command::Shutdown { done }) => {
-                        self.shutdown_waiters.extend(done);
+                        self.inbox.shutdown_waiters.extend(done);
                         break (DemotionReason::Shutdown, None);
                     }
                     Some(Command::Proclaim { metadata, done }) => {
                         let outcome = self
-                            .proclaim(&mut contender, &mut health, &mut leader, metadata)
+                            .proclaim(contender, &mut health, &mut office.leader, metadata)
                             .await;
                         let _ = done.send(outcome);
                         continue;
@@ -714,12 +817,44 @@ impl<B: Backend> Engine<B> {
                 () = sleep_until(deadline) => break (DemotionReason::RenewDeadlineExceeded, None),
             }
         };
-
         // The term ends first: nothing (no logging, no store round trip, no lock a reader of
         // the status holds) stands between seeing the loss and cancelling the term, and
         // `Status::is_leader` turns false with the token, before the status is even updated.
         let stop_by = self.stop_by(reason, confirmed);
-        in_force.end(stop_by);
+        office.in_force.end(stop_by);
+        TermEnd {
+            reason,
+            lock_loss,
+            stop_by,
+            resign_done,
+            health,
+        }
+    }
+
+    /// After the term was cancelled: the status and the metrics stop saying "leader", the
+    /// store is asked why the lock went (if it was taken), the demotion is reported, the
+    /// work winds down, and the lock is released. Returns why the term ended, and whether
+    /// the lock was released.
+    async fn hand_over(
+        &mut self,
+        mut contender: ContenderOf<B>,
+        office: Office,
+        end: TermEnd,
+    ) -> (DemotionReason, bool) {
+        let Office {
+            span,
+            fencing_token,
+            in_force,
+            mut guards,
+            ..
+        } = office;
+        let TermEnd {
+            reason,
+            lock_loss,
+            stop_by,
+            resign_done,
+            mut health,
+        } = end;
         self.status.send_modify(|s| {
             s.role = Role::SteppingDown;
             s.term = None;
@@ -747,7 +882,6 @@ impl<B: Backend> Engine<B> {
             reason,
             stop_by,
         });
-        drop(term);
 
         // Graceful hand-off: wait for the term's guards (the work winding down), then
         // release. The work must stop before the lease can lapse: at `stop_by` after an
@@ -840,56 +974,20 @@ impl<B: Backend> Engine<B> {
         health: &mut watch::Receiver<SessionHealth>,
     ) -> Option<Interrupt> {
         self.set_role(Role::CoolingDown { until });
-        loop {
-            tokio::select! {
-                biased;
-                command = self.commands.recv() => {
-                    if let Some(interrupt) = self.on_command_while_not_leading(command) {
-                        return Some(interrupt);
-                    }
-                }
-                () = lost(health) => return Some(Interrupt::SessionLost),
-                () = sleep_until(until) => return None,
-            }
-        }
+        self.inbox
+            .unless_interrupted(Some(health), sleep_until(until))
+            .await
+            .err()
     }
 
     /// Sleeps for `delay` without a session. `Err`: shut down meanwhile.
     async fn cool_down(&mut self, delay: Duration) -> Result<(), ()> {
         let until = Instant::now() + delay;
         self.set_role(Role::CoolingDown { until });
-        let sleeping = sleep(delay);
-        tokio::pin!(sleeping);
-        loop {
-            tokio::select! {
-                biased;
-                command = self.commands.recv() => {
-                    if let Some(Interrupt::Shutdown) = self.on_command_while_not_leading(command) {
-                        return Err(());
-                    }
-                }
-                () = &mut sleeping => return Ok(()),
-            }
-        }
-    }
-
-    /// Handles a command that arrives while not leading. Resign has nothing to give up.
-    fn on_command_while_not_leading(&mut self, command: Option<Command>) -> Option<Interrupt> {
-        match command {
-            Some(Command::Resign { done, .. }) => {
-                let _ = done.send(());
-                None
-            }
-            Some(Command::Shutdown { done }) => {
-                self.shutdown_waiters.extend(done);
-                Some(Interrupt::Shutdown)
-            }
-            Some(Command::Proclaim { done, .. }) => {
-                let _ = done.send(Err(Error::NotLeader));
-                None
-            }
-            None => Some(Interrupt::Shutdown),
-        }
+        self.inbox
+            .unless_interrupted(None, sleep(delay))
+            .await
+            .map_err(|_| ())
     }
 
     /// Writes new metadata into the held lock, bounded by the renew deadline and abandoned
@@ -1016,6 +1114,14 @@ impl<B: Backend> Engine<B> {
 
     fn labels(&self, result: &'static str) -> Vec<::metrics::Label> {
         self.labels_base_with("result", result)
+    }
+}
+
+/// [`lost`], or never without a session.
+async fn lost_if(health: Option<&mut watch::Receiver<SessionHealth>>) {
+    match health {
+        Some(health) => lost(health).await,
+        None => std::future::pending().await,
     }
 }
 
