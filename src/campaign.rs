@@ -41,6 +41,7 @@ use crate::config::Config;
 use crate::event::{
     DemotionReason, LeadershipEvent, Problem, QueueReceiver, QueueSender, Role, Status, queue,
 };
+use crate::fence::{Fence, Freshness};
 use crate::term::Term;
 use crate::{Error, Result, metrics};
 
@@ -263,8 +264,8 @@ pub(crate) fn spawn<B: Backend>(
         role: Role::Connecting,
         leader: None,
         term: None,
-        last_renewal: None,
-        renew_deadline_at: None,
+        session: None,
+        renew_deadline: config.renew_deadline,
         problem: None,
         last_demotion: None,
         wakeup: backend.info().wakeup,
@@ -402,12 +403,12 @@ struct Inbox {
 
 impl Inbox {
     /// Waits for `work` unless interrupted: by a shutdown (or every handle gone), or, given
-    /// the session's `health`, by the session's loss. Other commands are answered meanwhile
+    /// the session's `fence`, by the session's loss. Other commands are answered meanwhile
     /// and `work` goes on; an interrupted `work` is dropped. Every wait outside a term is one
     /// of these: the commands are handled in one place, the same way in every state.
     async fn unless_interrupted<F: Future>(
         &mut self,
-        mut health: Option<&mut watch::Receiver<SessionHealth>>,
+        mut fence: Option<&mut Fence>,
         work: F,
     ) -> Result<F::Output, Interrupt> {
         tokio::pin!(work);
@@ -419,7 +420,7 @@ impl Inbox {
                         return Err(interrupt);
                     }
                 }
-                () = lost_if(health.as_deref_mut()) => return Err(Interrupt::SessionLost),
+                () = lost_if(fence.as_deref_mut()) => return Err(Interrupt::SessionLost),
                 output = &mut work => return Ok(output),
             }
         }
@@ -539,7 +540,6 @@ impl<B: Backend> Engine<B> {
             was_leader = matches!(s.role, Role::Leader | Role::SteppingDown);
             s.role = Role::Stopped;
             s.term = None;
-            s.renew_deadline_at = None;
             true
         });
         if was_leader {
@@ -567,9 +567,8 @@ impl<B: Backend> Engine<B> {
             match opened {
                 Ok(session) => {
                     tracing::debug!(session = %session.id(), "session opened");
-                    self.status.send_modify(|s| {
-                        s.last_renewal = Some(session.health().borrow().confirmed_sent_at)
-                    });
+                    self.status
+                        .send_modify(|s| s.session = Some(session.health()));
                     return Some(session);
                 }
                 Err(error) => {
@@ -594,10 +593,11 @@ impl<B: Backend> Engine<B> {
                 return Pursuit::SessionLost;
             }
         };
-        let mut health = session.health();
+        let health = session.health();
+        let mut fence = Fence::of(&health, self.config.renew_deadline);
         let mut sightings = Sightings::default();
         loop {
-            if health.borrow_and_update().lost.is_some() {
+            if health.borrow().lost.is_some() {
                 return Pursuit::SessionLost;
             }
             if !matches!(self.status.borrow().role, Role::Follower) {
@@ -605,7 +605,7 @@ impl<B: Backend> Engine<B> {
             }
             let attempt = match self
                 .inbox
-                .unless_interrupted(Some(&mut health), contender.acquire())
+                .unless_interrupted(Some(&mut fence), contender.acquire())
                 .await
             {
                 Ok(attempt) => attempt,
@@ -637,7 +637,7 @@ impl<B: Backend> Engine<B> {
                     if let Some(holder) = holder {
                         self.saw_leader(Some(holder));
                     }
-                    self.follow(&mut contender, &mut health, &mut sightings)
+                    self.follow(&mut contender, &mut fence, &mut sightings)
                         .await
                 }
                 Ok(Attempt::Delayed { until }) => {
@@ -645,7 +645,7 @@ impl<B: Backend> Engine<B> {
                         .increment(1);
                     self.leaderless_since.get_or_insert_with(Instant::now);
                     tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
-                    self.wait_until(until, &mut health).await
+                    self.wait_until(until, &mut fence).await
                 }
                 Err(error) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("error"))
@@ -656,7 +656,7 @@ impl<B: Backend> Engine<B> {
                         return Pursuit::SessionLost;
                     }
                     let delay = self.failed(&error);
-                    self.wait_until(Instant::now() + delay, &mut health).await
+                    self.wait_until(Instant::now() + delay, &mut fence).await
                 }
             };
             match interrupt {
@@ -671,7 +671,7 @@ impl<B: Backend> Engine<B> {
     async fn follow(
         &mut self,
         contender: &mut ContenderOf<B>,
-        health: &mut watch::Receiver<SessionHealth>,
+        fence: &mut Fence,
         sightings: &mut Sightings<B::Observer>,
     ) -> Option<Interrupt> {
         loop {
@@ -682,7 +682,7 @@ impl<B: Backend> Engine<B> {
                     leader = sightings.next(&self.backend, &self.config) => Err(leader),
                 }
             };
-            match self.inbox.unless_interrupted(Some(health), next).await {
+            match self.inbox.unless_interrupted(Some(fence), next).await {
                 Err(interrupt) => return Some(interrupt),
                 Ok(Err(leader)) => self.saw_leader(leader),
                 Ok(Ok(Ok(()))) => {
@@ -693,7 +693,7 @@ impl<B: Backend> Engine<B> {
                 }
                 Ok(Ok(Err(error))) => {
                     let delay = self.failed(&error);
-                    return self.wait_until(Instant::now() + delay, health).await;
+                    return self.wait_until(Instant::now() + delay, fence).await;
                 }
             }
         }
@@ -774,22 +774,19 @@ impl<B: Backend> Engine<B> {
         office: &mut Office,
     ) -> TermEnd {
         let mut health = session.health();
+        // The session's shared alarm: it wakes this loop only on a transition (the deadline
+        // passing, the session lost), not at every renewal.
+        let mut fence = Fence::of(&health, self.config.renew_deadline);
         let mut resign_done = None;
-        let mut confirmed;
         let (reason, lock_loss) = loop {
-            let loss = {
-                let h = health.borrow_and_update();
-                confirmed = h.confirmed_sent_at;
-                h.lost
-            };
-            if let Some(loss) = loss {
-                break (DemotionReason::from_session(loss), None);
+            // Decided from the health itself: the fence only says when to look again.
+            let now = Instant::now();
+            match Freshness::of(&health.borrow(), self.config.renew_deadline, now) {
+                Freshness::Fresh => {}
+                Freshness::Stale => break (DemotionReason::RenewDeadlineExceeded, None),
+                Freshness::Lost(loss) => break (DemotionReason::from_session(loss), None),
+                Freshness::Gone => break (DemotionReason::ConnectionLost, None),
             }
-            let deadline = confirmed + self.config.renew_deadline;
-            self.status.send_modify(|s| {
-                s.last_renewal = Some(confirmed);
-                s.renew_deadline_at = Some(deadline);
-            });
             tokio::select! {
                 biased;
                 command = self.inbox.commands.recv() => match command {
@@ -811,12 +808,12 @@ impl<B: Backend> Engine<B> {
                     None => break (DemotionReason::Shutdown, None),
                 },
                 loss = contender.lost() => break (DemotionReason::from_lock(loss), Some(loss)),
-                changed = health.changed() => if changed.is_err() {
+                changed = fence.changed() => if changed.is_err() {
                     break (DemotionReason::ConnectionLost, None);
                 },
-                () = sleep_until(deadline) => break (DemotionReason::RenewDeadlineExceeded, None),
             }
         };
+        let confirmed = health.borrow().confirmed_sent_at;
         // The term ends first: nothing (no logging, no store round trip, no lock a reader of
         // the status holds) stands between seeing the loss and cancelling the term, and
         // `Status::is_leader` turns false with the token, before the status is even updated.
@@ -858,7 +855,6 @@ impl<B: Backend> Engine<B> {
         self.status.send_modify(|s| {
             s.role = Role::SteppingDown;
             s.term = None;
-            s.renew_deadline_at = None;
         });
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
         self.leaderless_since = Some(Instant::now());
@@ -968,14 +964,10 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sleeps until `until`, as [`Role::CoolingDown`], unless interrupted.
-    async fn wait_until(
-        &mut self,
-        until: Instant,
-        health: &mut watch::Receiver<SessionHealth>,
-    ) -> Option<Interrupt> {
+    async fn wait_until(&mut self, until: Instant, fence: &mut Fence) -> Option<Interrupt> {
         self.set_role(Role::CoolingDown { until });
         self.inbox
-            .unless_interrupted(Some(health), sleep_until(until))
+            .unless_interrupted(Some(fence), sleep_until(until))
             .await
             .err()
     }
@@ -1117,23 +1109,11 @@ impl<B: Backend> Engine<B> {
     }
 }
 
-/// [`lost`], or never without a session.
-async fn lost_if(health: Option<&mut watch::Receiver<SessionHealth>>) {
-    match health {
-        Some(health) => lost(health).await,
+/// [`Fence::lost`], or never without a session.
+async fn lost_if(fence: Option<&mut Fence>) {
+    match fence {
+        Some(fence) => fence.lost().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Completes once the session is lost (never, while it lives).
-async fn lost(health: &mut watch::Receiver<SessionHealth>) {
-    loop {
-        if health.borrow_and_update().lost.is_some() {
-            return;
-        }
-        if health.changed().await.is_err() {
-            return;
-        }
     }
 }
 

@@ -2,11 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use crate::backend::{Candidate, FencingToken, Leader, LockLoss, SessionLoss, Wakeup};
+use crate::backend::{
+    Candidate, FencingToken, Leader, LockLoss, SessionHealth, SessionLoss, Wakeup,
+};
 use crate::term::Term;
 
 /// Something that happened in a campaign, in order.
@@ -170,12 +172,11 @@ pub struct Status {
     pub leader: Option<Leader>,
     /// The current term, while leader.
     pub term: Option<Term>,
-    /// When the last renewal the store confirmed was sent. Kept current while leading
-    /// (where it matters: it sets the renew deadline); otherwise as of when the session
-    /// was opened.
-    pub last_renewal: Option<Instant>,
-    /// When this candidate's term will be fenced if no renewal is confirmed before, while leader.
-    pub renew_deadline_at: Option<Instant>,
+    /// The session's health once one is open, read live by [`last_renewal`](Self::last_renewal)
+    /// and [`renew_deadline_at`](Self::renew_deadline_at).
+    pub(crate) session: Option<tokio::sync::watch::Receiver<SessionHealth>>,
+    /// The election's renew deadline.
+    pub(crate) renew_deadline: Duration,
     /// The problem the campaign is working around, if any.
     pub problem: Option<Problem>,
     /// Why the last term ended, if one did.
@@ -187,6 +188,29 @@ pub struct Status {
 }
 
 impl Status {
+    /// When the last renewal the store confirmed was sent, read live from the session (the
+    /// status does not change at each renewal: that would wake every reader of every
+    /// election on the session). `None` before a session is open.
+    pub fn last_renewal(&self) -> Option<Instant> {
+        self.session.as_ref().map(|h| h.borrow().confirmed_sent_at)
+    }
+
+    /// While leader: when the term will be fenced if no renewal is confirmed before, read
+    /// live like [`last_renewal`](Self::last_renewal).
+    pub fn renew_deadline_at(&self) -> Option<Instant> {
+        match self.role {
+            Role::Leader => self.last_renewal().map(|at| at + self.renew_deadline),
+            _ => None,
+        }
+    }
+
+    /// The session's health, which changes at every confirmed renewal: for what must follow
+    /// each renewal (e.g. a watchdog re-armed at the lease's last safe instant). `None` before
+    /// a session is open.
+    pub fn renewals(&self) -> Option<tokio::sync::watch::Receiver<SessionHealth>> {
+        self.session.clone()
+    }
+
     /// Whether this candidate leads right now: its role is [`Role::Leader`] and its term's
     /// token is not cancelled. This turns false the instant the term is cancelled, even in a
     /// snapshot taken a moment before, so nothing that reports leadership from a status can

@@ -228,7 +228,7 @@ impl Health {
             return Some("the campaign has stopped".into());
         }
         if status.role == Role::Leader
-            && let Some(deadline) = status.renew_deadline_at
+            && let Some(deadline) = status.renew_deadline_at()
             && now.saturating_duration_since(deadline) > self.stuck_after
         {
             return Some(format!(
@@ -274,7 +274,7 @@ async fn readyz(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) ->
         .map(|s| ReadyReport {
             election: &s.election,
             role: s.current_role().as_str(),
-            ready: s.is_leader() && s.renew_deadline_at.is_none_or(|d| d > now),
+            ready: s.is_leader() && s.renew_deadline_at().is_none_or(|d| d > now),
             problem: s.problem.as_ref().map(|p| p.message.as_str()),
         })
         .collect();
@@ -506,9 +506,9 @@ fn split(time: Option<Time>) -> (Option<String>, Option<u64>) {
 impl<'a> LeaderReport<'a> {
     fn new(s: &'a Status, clock: &Clock, healthy: bool) -> Self {
         let (last_renewal, last_renewal_unix_ms) =
-            split(s.last_renewal.map(|at| Time::new(clock.wall(at))));
+            split(s.last_renewal().map(|at| Time::new(clock.wall(at))));
         let (renew_deadline_at, renew_deadline_at_unix_ms) =
-            split(s.renew_deadline_at.map(|at| Time::new(clock.wall(at))));
+            split(s.renew_deadline_at().map(|at| Time::new(clock.wall(at))));
         let (cooling_down_until, cooling_down_until_unix_ms) = split(match s.role {
             Role::CoolingDown { until } => Some(Time::new(clock.wall(until))),
             _ => None,
@@ -583,6 +583,16 @@ mod tests {
     }
 
     fn status(role: Role, renew_deadline_at: Option<Instant>) -> Status {
+        let renew_deadline = Duration::from_secs(2);
+        // A session whose last confirmed renewal puts the deadline where asked.
+        let session = renew_deadline_at.map(|at| {
+            tokio::sync::watch::channel(crate::backend::SessionHealth {
+                confirmed_sent_at: at - renew_deadline,
+                lost: None,
+                last_error: None,
+            })
+            .1
+        });
         Status {
             election: "jobs/index".into(),
             candidate: crate::Candidate {
@@ -592,8 +602,8 @@ mod tests {
             role,
             leader: None,
             term: None,
-            last_renewal: None,
-            renew_deadline_at,
+            session,
+            renew_deadline,
             problem: Some(crate::Problem {
                 message: "the store is unreachable".into(),
                 since: Instant::now(),

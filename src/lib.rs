@@ -205,6 +205,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod event;
+mod fence;
 #[cfg(all(feature = "file", unix))]
 pub mod file;
 #[cfg(feature = "axum")]

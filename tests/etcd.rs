@@ -723,7 +723,11 @@ async fn keepalive_survives_a_server_pause_shorter_than_the_ttl() {
     etcd.process().resume();
     let resumed = Instant::now();
     stays_leader(&mut campaign, Duration::from_secs(3)).await;
-    let last = campaign.status().borrow().last_renewal.expect("a renewal");
+    let last = campaign
+        .status()
+        .borrow()
+        .last_renewal()
+        .expect("a renewal");
     assert!(last >= resumed, "no renewal confirmed after the pause");
 }
 
@@ -737,10 +741,10 @@ async fn keepalive_recovers_after_a_server_restart() {
     etcd.process().restart().await;
     let restarted = Instant::now();
     eprintln!("etcd restarted in {:?}", restarted - started);
-    let mut status = campaign.status();
+    let mut renewals = campaign.status().borrow().renewals().expect("a session");
     timeout(
         PATIENCE,
-        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= restarted)),
+        renewals.wait_for(|h| h.confirmed_sent_at >= restarted),
     )
     .await
     .expect("renewals resume after the restart")
@@ -760,10 +764,10 @@ async fn leader_survives_losing_one_member_of_three() {
     elected(&mut campaign, PATIENCE).await;
     cluster.member(0).kill9();
     let killed = Instant::now();
-    let mut status = campaign.status();
+    let mut renewals = campaign.status().borrow().renewals().expect("a session");
     timeout(
         PATIENCE,
-        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= killed)),
+        renewals.wait_for(|h| h.confirmed_sent_at >= killed),
     )
     .await
     .expect("renewals go on with two members")
@@ -801,10 +805,10 @@ async fn leader_survives_the_clusters_raft_leader_being_killed() {
     let index = raft_leader(&cluster).await;
     cluster.member(index).kill9();
     let killed = Instant::now();
-    let mut status = campaign.status();
+    let mut renewals = campaign.status().borrow().renewals().expect("a session");
     timeout(
         PATIENCE,
-        status.wait_for(|s| s.last_renewal.is_some_and(|at| at >= killed)),
+        renewals.wait_for(|h| h.confirmed_sent_at >= killed),
     )
     .await
     .expect("renewals go on once the two members elect a new Raft leader")

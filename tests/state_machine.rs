@@ -734,7 +734,7 @@ async fn an_involuntary_loss_says_by_when_the_work_must_stop() {
     let mut a = election(&a_client, "a").campaign();
     let term = elected(&mut a, TTL).await;
     assert_eq!(term.stop_by(), None, "none while the term lasts");
-    let last_renewal = a.status().borrow().last_renewal.expect("renewed");
+    let last_renewal = a.status().borrow().last_renewal().expect("renewed");
     a_client.set_reachability(Reachability::Hanging);
     let stop_by = loop {
         match timeout(TTL * 2, a.recv()).await.expect("an event") {
@@ -750,7 +750,7 @@ async fn an_involuntary_loss_says_by_when_the_work_must_stop() {
     };
     assert_eq!(term.stop_by(), Some(stop_by));
     // No later than a tenth of the ttl before the lease can expire in the store.
-    assert!(stop_by <= a.status().borrow().last_renewal.unwrap_or(last_renewal) + TTL - TTL / 10);
+    assert!(stop_by <= a.status().borrow().last_renewal().unwrap_or(last_renewal) + TTL - TTL / 10);
 
     // A lock the store has taken away already: stop at once.
     a_client.set_reachability(Reachability::Reachable);

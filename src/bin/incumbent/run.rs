@@ -267,6 +267,9 @@ impl Supervisor {
         let mut campaign = election.campaign();
         let handle = campaign.handle();
         let mut status = campaign.status();
+        // The session's renewals (the status does not change at each): each one pushes the
+        // watchdog's deadline forward.
+        let mut renewals = None;
         let mut state = State {
             running: None,
             stopping: None,
@@ -299,9 +302,18 @@ impl Supervisor {
                 }
                 Ok(()) = status.changed() => {
                     let status = status.borrow_and_update();
+                    if let Some(session) = status.renewals()
+                        && !renewals.as_ref().is_some_and(|r: &watch::Receiver<_>| r.same_channel(&session))
+                    {
+                        renewals = Some(session);
+                    }
                     self.rearm(&status, &state);
                     state.fail_at = self.fail_at(&status, &state);
                 }
+                renewed = changed_some(&mut renewals) => match renewed {
+                    Ok(()) => self.rearm(&status.borrow(), &state),
+                    Err(()) => renewals = None,
+                },
                 () = sleep_until_some(state.fail_at), if !state.shutting_down => {
                     state.fail_at = None;
                     let problem = status.borrow().problem.clone();
@@ -527,9 +539,11 @@ impl Supervisor {
             return;
         };
         let term = running.term();
-        let (Some(current), Some(last), Some(_)) =
-            (&status.term, status.last_renewal, status.renew_deadline_at)
-        else {
+        let (Some(current), Some(last), Some(_)) = (
+            &status.term,
+            status.last_renewal(),
+            status.renew_deadline_at(),
+        ) else {
             return;
         };
         if term.is_cancelled() || current.fencing_token() != term.fencing_token() {
@@ -854,4 +868,12 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// `host` metadata and the check agree.
 pub fn hostname() -> String {
     incumbent::config::hostname()
+}
+
+/// The next change of a watched value, or never without one. `Err`: its sender is gone.
+async fn changed_some<T>(receiver: &mut Option<watch::Receiver<T>>) -> Result<(), ()> {
+    match receiver {
+        Some(r) => r.changed().await.map_err(|_| ()),
+        None => std::future::pending().await,
+    }
 }
