@@ -460,7 +460,7 @@ impl<B: Backend> Engine<B> {
                     if let Some(s) = stale {
                         close_in_background(s);
                     }
-                    match self.open_session().await {
+                    match Box::pin(self.open_session()).await {
                         Some(s) => s,
                         None => break,
                     }
@@ -609,7 +609,7 @@ impl<B: Backend> Engine<B> {
                 .await
             {
                 Ok(attempt) => attempt,
-                Err(Interrupt::Shutdown) => return self.withdraw(contender).await,
+                Err(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Err(Interrupt::SessionLost) => return Pursuit::SessionLost,
             };
             let interrupt = match attempt {
@@ -637,15 +637,14 @@ impl<B: Backend> Engine<B> {
                     if let Some(holder) = holder {
                         self.saw_leader(Some(holder));
                     }
-                    self.follow(&mut contender, &mut fence, &mut sightings)
-                        .await
+                    Box::pin(self.follow(&mut contender, &mut fence, &mut sightings)).await
                 }
                 Ok(Attempt::Delayed { until }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
                         .increment(1);
                     self.leaderless_since.get_or_insert_with(Instant::now);
                     tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
-                    self.wait_until(until, &mut fence).await
+                    Box::pin(self.wait_until(until, &mut fence)).await
                 }
                 Err(error) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("error"))
@@ -656,12 +655,12 @@ impl<B: Backend> Engine<B> {
                         return Pursuit::SessionLost;
                     }
                     let delay = self.failed(&error);
-                    self.wait_until(Instant::now() + delay, &mut fence).await
+                    Box::pin(self.wait_until(Instant::now() + delay, &mut fence)).await
                 }
             };
             match interrupt {
                 None => {}
-                Some(Interrupt::Shutdown) => return self.withdraw(contender).await,
+                Some(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Some(Interrupt::SessionLost) => return Pursuit::SessionLost,
             }
         }
@@ -723,7 +722,10 @@ impl<B: Backend> Engine<B> {
     ) -> (DemotionReason, bool) {
         let mut office = self.take_office(fencing_token);
         let end = self.hold_office(session, &mut contender, &mut office).await;
-        self.hand_over(contender, office, end).await
+        // Boxed, as are the other rare paths (opening a session, proclaiming, withdrawing): a
+        // future holds room for its largest state, and an idle election should hold only the
+        // room for waiting.
+        Box::pin(self.hand_over(contender, office, end)).await
     }
 
     /// The term begins: the token is recorded, and the status, the metrics and the
@@ -799,9 +801,13 @@ impl<B: Backend> Engine<B> {
                         break (DemotionReason::Shutdown, None);
                     }
                     Some(Command::Proclaim { metadata, done }) => {
-                        let outcome = self
-                            .proclaim(contender, &mut health, &mut office.leader, metadata)
-                            .await;
+                        let outcome = Box::pin(self.proclaim(
+                            contender,
+                            &mut health,
+                            &mut office.leader,
+                            metadata,
+                        ))
+                        .await;
                         let _ = done.send(outcome);
                         continue;
                     }
