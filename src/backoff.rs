@@ -46,11 +46,13 @@ impl Backoff {
 /// A [`Backoff`] in progress: each [`pause`](Retries::pause) sleeps one step longer (up to
 /// the maximum), and [`reset`](Retries::reset) starts over after a success.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) struct Retries {
     backoff: Backoff,
     attempt: u32,
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 impl Retries {
     pub(crate) fn new(backoff: Backoff) -> Self {
         Retries {

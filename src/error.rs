@@ -114,6 +114,7 @@ impl Error {
 
 /// An error and its sources as one line, skipping a source whose text the line already holds
 /// (client libraries often repeat their cause in their own message).
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
 pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

@@ -101,6 +101,35 @@ pub(crate) fn unix_ms_now() -> u64 {
     crate::time::unix_ms(SystemTime::now())
 }
 
+/// The `connect_timeout` and `request_timeout` setters of a store's builder (etcd,
+/// ZooKeeper): one text, given the `connect_timeout` doc. The builder has fields of those
+/// names, and `DEFAULT_CONNECT_TIMEOUT` and `DEFAULT_REQUEST_TIMEOUT` in scope.
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(unused_macros)
+)]
+macro_rules! timeout_setters {
+    ($connect_doc:expr) => {
+        #[doc = $connect_doc]
+        pub fn connect_timeout(mut self, limit: std::time::Duration) -> Self {
+            self.connect_timeout = limit;
+            self
+        }
+
+        /// How long one request may take before it counts as unavailable (default
+        /// [`DEFAULT_REQUEST_TIMEOUT`]).
+        pub fn request_timeout(mut self, limit: std::time::Duration) -> Self {
+            self.request_timeout = limit;
+            self
+        }
+    };
+}
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper")),
+    allow(unused_imports)
+)]
+pub(crate) use timeout_setters;
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: the backends'
 /// critical sections leave their state consistent at each step.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -598,11 +598,13 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 option: "--timeout",
             };
             let status = inspect::Status {
-                election,
+                query: inspect::Query {
+                    election,
+                    timeout: args.timeout,
+                    began,
+                    out: out.clone(),
+                },
                 json: args.json,
-                timeout: args.timeout,
-                began,
-                out: out.clone(),
             };
             connect(&url, &status, patience, began, &out).await?
         }
@@ -628,11 +630,13 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 option: "--timeout",
             };
             let resign = inspect::Resign {
-                election,
+                query: inspect::Query {
+                    election,
+                    timeout: args.timeout,
+                    began,
+                    out: out.clone(),
+                },
                 backend: url.url.clone(),
-                timeout: args.timeout,
-                began,
-                out: out.clone(),
             };
             connect(&url, &resign, patience, began, &out).await?
         }

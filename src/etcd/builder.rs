@@ -129,19 +129,10 @@ impl EtcdBuilder {
         self
     }
 
-    /// How long [`connect`](Self::connect) waits for the cluster (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`]); also the limit on each TCP connection attempt.
-    pub fn connect_timeout(mut self, limit: Duration) -> Self {
-        self.connect_timeout = limit;
-        self
-    }
-
-    /// How long one request may take before it counts as unavailable (default
-    /// [`DEFAULT_REQUEST_TIMEOUT`]).
-    pub fn request_timeout(mut self, limit: Duration) -> Self {
-        self.request_timeout = limit;
-        self
-    }
+    crate::backend::timeout_setters!(
+        "How long [`connect`](Self::connect) waits for the cluster (default \
+         [`DEFAULT_CONNECT_TIMEOUT`]); also the limit on each TCP connection attempt."
+    );
 
     /// Checks the settings, connects, authenticates, and reads the prefix once to prove the
     /// cluster answers and the user may read it.

@@ -117,19 +117,10 @@ impl ZookeeperBuilder {
         Ok(self.digest_auth(user, password))
     }
 
-    /// How long [`connect`](Self::connect) and every new session wait for the ensemble
-    /// (default [`DEFAULT_CONNECT_TIMEOUT`]).
-    pub fn connect_timeout(mut self, limit: Duration) -> Self {
-        self.connect_timeout = limit;
-        self
-    }
-
-    /// How long one request may take before it counts as unavailable (default
-    /// [`DEFAULT_REQUEST_TIMEOUT`]).
-    pub fn request_timeout(mut self, limit: Duration) -> Self {
-        self.request_timeout = limit;
-        self
-    }
+    crate::backend::timeout_setters!(
+        "How long [`connect`](Self::connect) and every new session wait for the ensemble \
+         (default [`DEFAULT_CONNECT_TIMEOUT`])."
+    );
 
     /// Checks the settings and connects: a first session (for observers) proves the ensemble
     /// answers and the credentials are accepted; the chroot is created if missing.

@@ -430,6 +430,7 @@ impl Wakes {
     }
 
     /// Wakes the receivers of every key.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn bump_all(&self) {
         let mut wakes = lock(&self.0);
         wakes.retain(|_, sender| sender.receiver_count() > 0);

@@ -43,28 +43,37 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// The current leader, read within `limit` of `began`: a store that cannot be reached is
-/// tried again until then; a permanent error ends the program at once.
-async fn current<B: Backend>(
-    backend: &B,
-    election: &str,
-    limit: Duration,
-    began: Instant,
-    out: &Reporter,
-) -> Result<(B::Observer, Option<Leader>), Failure> {
-    let patience = Patience {
-        fail_after: Some(limit),
-        option: "--timeout",
-    };
-    let read = patience.run(began, out, || async {
-        check_lock_directory(backend).await?;
-        let mut observer = backend.observe(election).await?;
-        let leader = observer.next().await?;
-        Ok::<_, incumbent::Error>((observer, leader))
-    });
-    match timeout(limit.saturating_sub(began.elapsed()), read).await {
-        Ok(read) => read,
-        Err(_) => Err(patience.gave_up(began.elapsed(), "the store did not answer")),
+/// What `status` and `resign` share: one election, read within `--timeout` of when the
+/// program began.
+#[derive(Clone)]
+pub struct Query {
+    pub election: String,
+    pub timeout: Duration,
+    pub began: Instant,
+    pub out: Reporter,
+}
+
+impl Query {
+    /// The current leader, read within the timeout: a store that cannot be reached is tried
+    /// again until then; a permanent error ends the program at once.
+    async fn current<B: Backend>(
+        &self,
+        backend: &B,
+    ) -> Result<(B::Observer, Option<Leader>), Failure> {
+        let patience = Patience {
+            fail_after: Some(self.timeout),
+            option: "--timeout",
+        };
+        let read = patience.run(self.began, &self.out, || async {
+            check_lock_directory(backend).await?;
+            let mut observer = backend.observe(&self.election).await?;
+            let leader = observer.next().await?;
+            Ok::<_, incumbent::Error>((observer, leader))
+        });
+        match timeout(self.timeout.saturating_sub(self.began.elapsed()), read).await {
+            Ok(read) => read,
+            Err(_) => Err(patience.gave_up(self.began.elapsed(), "the store did not answer")),
+        }
     }
 }
 
@@ -93,31 +102,22 @@ fn print(line: &str) -> bool {
 /// `incumbent status`.
 #[derive(Clone)]
 pub struct Status {
-    pub election: String,
+    pub query: Query,
     pub json: bool,
-    pub timeout: Duration,
-    pub began: Instant,
-    pub out: Reporter,
 }
 
 impl WithBackend for Status {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let (_, leader) = current(
-            &backend,
-            &self.election,
-            self.timeout,
-            self.began,
-            &self.out,
-        )
-        .await?;
+        let (_, leader) = self.query.current(&backend).await?;
+        let Query { election, .. } = &self.query;
         if self.json {
             let leader = leader.as_ref().map(leader_json);
-            print(&json!({ "election": self.election, "leader": leader }).to_string());
+            print(&json!({ "election": election, "leader": leader }).to_string());
             return Ok(0);
         }
-        let mut rows = vec![("election", self.election.clone())];
+        let mut rows = vec![("election", election.clone())];
         match &leader {
             None => rows.push(("leader", "none".into())),
             Some(leader) => {
@@ -295,31 +295,27 @@ impl WithBackend for Observe {
 /// `incumbent resign`.
 #[derive(Clone)]
 pub struct Resign {
-    pub election: String,
+    pub query: Query,
     /// The backend, as given: the leader's process must use the same.
     pub backend: BackendUrl,
-    pub timeout: Duration,
-    pub began: Instant,
-    pub out: Reporter,
 }
 
 impl WithBackend for Resign {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let deadline = self.began + self.timeout;
-        let (mut observer, leader) = current(
-            &backend,
-            &self.election,
-            self.timeout,
-            self.began,
-            &self.out,
-        )
-        .await?;
+        let Query {
+            election,
+            timeout: limit,
+            began,
+            ..
+        } = &self.query;
+        let deadline = *began + *limit;
+        let (mut observer, leader) = self.query.current(&backend).await?;
         let Some(leader) = leader else {
             return Err(Failure::Runtime(format!(
                 "nobody leads {}; there is nothing to resign",
-                self.election
+                election
             )));
         };
         let id = &leader.candidate.id;
@@ -349,7 +345,7 @@ impl WithBackend for Resign {
                 "refusing to signal pid {pid}, which the leader {id} names in the store: {why}"
             ))
         })?;
-        if let Err(why) = process.verify(&self.election, &self.backend, leader.since_unix_ms) {
+        if let Err(why) = process.verify(election, &self.backend, leader.since_unix_ms) {
             return Err(Failure::Runtime(format!(
                 "refusing to signal pid {pid}, which the leader {id} names in the store: {why}"
             )));
@@ -389,7 +385,7 @@ impl WithBackend for Resign {
             ))),
             Err(_) => Err(Failure::Runtime(format!(
                 "asked {id} to resign, but it still leads after {}",
-                human(self.timeout)
+                human(*limit)
             ))),
         }
     }
