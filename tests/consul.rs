@@ -48,6 +48,33 @@ fn admin(url: &str) -> ConsulClient {
     ConsulClient::new(ConsulConfig::new(url)).expect("admin client")
 }
 
+/// An agent that closes connections beyond `limits.http_max_conns_per_client` (here 2, held
+/// by two idle TCP connections) does so without an answer: the error says which limit to
+/// raise, since each waiting election holds a connection.
+#[tokio::test]
+async fn a_connection_refused_by_the_agents_limit_names_the_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let limits = "-hcl=limits { http_max_conns_per_client = 2 }".to_owned();
+    let (_agent, http) = support::consul::spawn_dev("consul-limit", dir.path(), &[limits]).await;
+    // spawn_dev's own readiness checks have closed their connections; take the two slots.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(tokio::net::TcpStream::connect(http).await.expect("connect"));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let error = admin(&format!("http://{http}"))
+        .kv_get("any", &Default::default())
+        .await
+        .expect_err("the agent refuses a third connection");
+    let message = error.to_string();
+    assert!(error.is_transient(), "{message}");
+    assert!(
+        message.contains("limits.http_max_conns_per_client"),
+        "{message}"
+    );
+}
+
 /// Waits until `campaign`'s role satisfies `pred`.
 async fn role_becomes(campaign: &Campaign, limit: Duration, pred: impl Fn(&Role) -> bool) {
     let mut status = campaign.status();

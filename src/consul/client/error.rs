@@ -11,7 +11,10 @@ const MAX_ERROR_BODY: usize = 512;
 pub enum ConsulError {
     /// The agent could not be reached or did not answer in time (connection
     /// refused or reset, DNS or TLS handshake failure, timeout). Transient.
-    #[error("Consul agent at {address} is unreachable during {operation}: {reason}")]
+    #[error(
+        "Consul agent at {address} is unreachable during {operation}: {reason}{hint}",
+        hint = unreachable_hint(.reason)
+    )]
     Unreachable {
         /// What the client was doing, e.g. `"session renew"`.
         operation: &'static str,
@@ -140,6 +143,24 @@ fn hint(body: &str) -> &'static str {
         "; do not set a namespace when talking to open-source Consul"
     } else if body.contains("UUID must be 36 characters") {
         "; session ids are 36-character UUIDs as returned by session create"
+    } else {
+        ""
+    }
+}
+
+/// Advice for a connection the agent closed without an answer: what an agent does (Consul
+/// before 1.9 without even a 429) to the connections of a client address beyond
+/// `limits.http_max_conns_per_client`, and every follower holds one for its blocking query.
+fn unreachable_hint(reason: &str) -> &'static str {
+    let closed = [
+        "connection closed before message completed",
+        "Connection reset by peer",
+    ];
+    if closed.iter().any(|m| reason.contains(m)) {
+        "; if this process runs many elections: the agent closes a client's connections \
+         beyond limits.http_max_conns_per_client (200 by default) without an answer, and \
+         each election waiting for its leader holds one (its blocking query), so raise that \
+         limit in the agent's configuration"
     } else {
         ""
     }
