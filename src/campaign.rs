@@ -605,7 +605,7 @@ impl<B: Backend> Engine<B> {
             }
             let attempt = match self
                 .inbox
-                .unless_interrupted(Some(&mut fence), contender.acquire())
+                .unless_interrupted(Some(&mut fence), Box::pin(contender.acquire()))
                 .await
             {
                 Ok(attempt) => attempt,
