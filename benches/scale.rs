@@ -150,7 +150,7 @@ async fn main() {
         (args.sections.is_empty() && !name.ends_with("-followers"))
             || args.sections.iter().any(|s| s == name)
     };
-    println!("machine: {}", machine());
+    println!("machine: {}", support::machine());
     if let Some(dir) = std::path::Path::new(&args.csv).parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -719,20 +719,6 @@ async fn consul_followers(args: &Args) {
     );
     stop_all(followers).await;
     stop_all(leaders).await;
-}
-
-fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{cores} cores, {cpu}")
 }
 
 /// Returns the allocator's free memory to the system, so that RSS counts what is in use.

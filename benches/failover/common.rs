@@ -10,22 +10,6 @@ use tokio::time::timeout;
 /// The election that hand-off and crash rounds use.
 pub const ELECTION: &str = "bench/leader";
 
-pub fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    format!("{cores} cores, {cpu}")
-}
-
 fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
     election_named(backend, ELECTION, id, ttl)
 }

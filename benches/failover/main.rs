@@ -40,7 +40,7 @@ async fn main() {
         .filter(|a| !a.starts_with('-'))
         .collect();
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
-    println!("machine: {}", common::machine());
+    println!("machine: {}", support::machine());
     let run = Instant::now();
     if wanted("memory") {
         let section = Instant::now();

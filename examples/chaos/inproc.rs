@@ -24,8 +24,11 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::check::{self, Death, FaultRecord, History};
-use crate::run::{Config, ELECTION, FRESH_BEAT, Fault, Faulty, HANDOFF_BOUND, Outcome, fault_loop};
+use crate::check::{self, Death, FaultRecord};
+use crate::run::{
+    Config, ELECTION, FRESH_BEAT, Fault, Faulty, HANDOFF_BOUND, Outcome, Seen, fault_loop,
+    history_dir, outcome, scan_ledgers,
+};
 use crate::worker::{ESCAPE_LIFETIME, Fence, mono_ns};
 
 /// How long the first leader may take.
@@ -63,16 +66,6 @@ impl Candidate {
     }
 }
 
-/// A worker, from the first line of its ledger.
-#[derive(Clone, Debug)]
-struct Seen {
-    worker: i32,
-    supervisor: i32,
-    token: u64,
-    path: PathBuf,
-    ended: bool,
-}
-
 struct World {
     config: Config,
     ttl: Duration,
@@ -91,33 +84,14 @@ struct World {
 /// Runs the in-process fault loop and checks its history.
 pub async fn run(config: &Config) -> Outcome {
     let started = Instant::now();
-    let temp = tempfile::Builder::new()
-        .prefix("incumbent-chaos-")
-        .tempdir()
-        .expect("create a temp dir");
-    let dir = match &config.keep {
-        Some(dir) => {
-            let dir = dir.join(config.label().replace(' ', "-"));
-            std::fs::create_dir_all(&dir).expect("create the history dir");
-            dir
-        }
-        None => temp.path().to_path_buf(),
-    };
+    let (_temp, dir) = history_dir(config);
     let mut errors = Vec::new();
-    let injected = {
-        let mut world = World::start(config, &dir);
-        let applicable = config.backend.faults(false);
-        let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
-        world.shut_down(&mut errors).await;
-        injected
-    };
-    let mut history = History::read(&dir).expect("read the history");
-    history.errors = errors;
-    Outcome {
-        verdict: check::check(&history),
-        injected,
-        elapsed: started.elapsed(),
-    }
+    let mut world = World::start(config, &dir);
+    let applicable = config.backend.faults(false);
+    let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
+    world.shut_down(&mut errors).await;
+    drop(world);
+    outcome(&dir, errors, injected, started)
 }
 
 impl World {
@@ -227,27 +201,7 @@ impl World {
     }
 
     fn scan(&mut self) {
-        if let Ok(entries) = std::fs::read_dir(&self.ledger) {
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if self.seen.iter().any(|s| s.path == path) {
-                    continue;
-                }
-                let first = std::fs::read_to_string(&path).unwrap_or_default();
-                if let Some(worker) = check::parse_worker(&first) {
-                    self.seen.push(Seen {
-                        worker: worker.pid,
-                        supervisor: worker.supervisor,
-                        token: worker.token,
-                        path,
-                        ended: false,
-                    });
-                }
-            }
-        }
-        for seen in self.seen.iter_mut().filter(|s| !s.ended) {
-            seen.ended = crate::run::ended(&seen.path);
-        }
+        scan_ledgers(&self.ledger, &mut self.seen, |s| crate::run::ended(&s.path));
     }
 
     /// The one running leader: exactly one worker whose ledger has no `stop` and whose last
@@ -258,7 +212,7 @@ impl World {
             crate::run::last_beat_ns(&s.path)
                 .is_some_and(|at| mono_ns().saturating_sub(at) < FRESH_BEAT.as_nanos() as u64)
         };
-        let running: Vec<&Seen> = self.seen.iter().filter(|s| !s.ended && fresh(s)).collect();
+        let running: Vec<&Seen> = self.seen.iter().filter(|s| !s.gone && fresh(s)).collect();
         let [leader] = running[..] else {
             return None;
         };
@@ -387,13 +341,13 @@ impl World {
         let leftover: Vec<String> = self
             .seen
             .iter()
-            .filter(|s| !s.ended)
+            .filter(|s| !s.gone)
             .filter(|s| {
                 crate::run::last_beat_ns(&s.path).is_some_and(|at| {
                     mono_ns().saturating_sub(at) < check::ORPHAN_GRACE_MS * 1_000_000
                 })
             })
-            .map(|s| s.worker.to_string())
+            .map(|s| s.pid.to_string())
             .collect();
         let _ = std::fs::write(self.dir.join(check::LEFTOVER_FILE), leftover.join("\n"));
     }
@@ -417,7 +371,7 @@ impl Faulty for World {
     }
 
     fn worker(leader: &Seen) -> i32 {
-        leader.worker
+        leader.pid
     }
 
     fn between_looks(&mut self) {
@@ -443,7 +397,7 @@ impl Faulty for World {
     fn record(&self, fault: Fault, leader: &Seen) -> FaultRecord {
         FaultRecord {
             freezes_supervisor: fault == Fault::FreezeRuntime,
-            ..FaultRecord::new(fault, leader.supervisor, leader.worker, leader.token)
+            ..FaultRecord::new(fault, leader.supervisor, leader.pid, leader.token)
         }
     }
 

@@ -310,12 +310,9 @@ pub struct Outcome {
     pub elapsed: Duration,
 }
 
-/// Runs the fault loop for one backend and checks its history.
-pub async fn run(config: &Config) -> Outcome {
-    if config.backend == Backend::Memory {
-        return crate::inproc::run(config).await;
-    }
-    let started = Instant::now();
+/// Where one run writes its history: under `--keep` if given, else in a temporary directory
+/// that lives as long as the returned guard.
+pub(crate) fn history_dir(config: &Config) -> (tempfile::TempDir, PathBuf) {
     let temp = tempfile::Builder::new()
         .prefix("incumbent-chaos-")
         .tempdir()
@@ -328,22 +325,39 @@ pub async fn run(config: &Config) -> Outcome {
         }
         None => temp.path().to_path_buf(),
     };
-    let mut errors = Vec::new();
-    let injected = {
-        let mut world = World::start(config, &dir).await;
-        let applicable = config.backend.faults(config.library);
-        let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
-        world.shut_down(&mut errors).await;
-        injected
-    };
-    let mut history = History::read(&dir).expect("read the history");
+    (temp, dir)
+}
+
+/// Checks the history a run left in `dir`, with the errors its fault loop met.
+pub(crate) fn outcome(
+    dir: &Path,
+    errors: Vec<String>,
+    injected: usize,
+    started: Instant,
+) -> Outcome {
+    let mut history = History::read(dir).expect("read the history");
     history.errors = errors;
-    let verdict = check::check(&history);
     Outcome {
-        verdict,
+        verdict: check::check(&history),
         injected,
         elapsed: started.elapsed(),
     }
+}
+
+/// Runs the fault loop for one backend and checks its history.
+pub async fn run(config: &Config) -> Outcome {
+    if config.backend == Backend::Memory {
+        return crate::inproc::run(config).await;
+    }
+    let started = Instant::now();
+    let (_temp, dir) = history_dir(config);
+    let mut errors = Vec::new();
+    let mut world = World::start(config, &dir).await;
+    let applicable = config.backend.faults(config.library);
+    let injected = fault_loop(&mut world, config, applicable, &mut errors).await;
+    world.shut_down(&mut errors).await;
+    drop(world);
+    outcome(&dir, errors, injected, started)
 }
 
 /// The store the candidates elect through.
@@ -517,12 +531,39 @@ impl Candidate {
 
 /// A worker, from the first line of its ledger.
 #[derive(Clone, Debug)]
-struct Seen {
-    pid: i32,
-    supervisor: i32,
-    token: u64,
-    path: PathBuf,
-    dead: bool,
+pub(crate) struct Seen {
+    pub pid: i32,
+    pub supervisor: i32,
+    pub token: u64,
+    pub path: PathBuf,
+    /// It has ended (its ledger says `stop`) or died.
+    pub gone: bool,
+}
+
+/// Reads the first line of the ledgers in `ledger` not seen yet, then marks the workers that
+/// are `gone`.
+pub(crate) fn scan_ledgers(ledger: &Path, seen: &mut Vec<Seen>, gone: impl Fn(&Seen) -> bool) {
+    if let Ok(entries) = std::fs::read_dir(ledger) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if seen.iter().any(|s| s.path == path) {
+                continue;
+            }
+            let first = std::fs::read_to_string(&path).unwrap_or_default();
+            if let Some(worker) = check::parse_worker(&first) {
+                seen.push(Seen {
+                    pid: worker.pid,
+                    supervisor: worker.supervisor,
+                    token: worker.token,
+                    path,
+                    gone: false,
+                });
+            }
+        }
+    }
+    for s in seen.iter_mut().filter(|s| !s.gone) {
+        s.gone = gone(s);
+    }
 }
 
 /// Everything a run starts; killed on drop.
@@ -681,27 +722,9 @@ impl World {
 
     /// Reads the first line of new ledgers and marks dead workers.
     fn scan(&mut self) {
-        if let Ok(entries) = std::fs::read_dir(&self.ledger) {
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if self.seen.iter().any(|s| s.path == path) {
-                    continue;
-                }
-                let first = std::fs::read_to_string(&path).unwrap_or_default();
-                if let Some(worker) = check::parse_worker(&first) {
-                    self.seen.push(Seen {
-                        pid: worker.pid,
-                        supervisor: worker.supervisor,
-                        token: worker.token,
-                        path,
-                        dead: false,
-                    });
-                }
-            }
-        }
-        for seen in self.seen.iter_mut().filter(|s| !s.dead) {
-            seen.dead = !alive(seen.pid) || ended(&seen.path);
-        }
+        scan_ledgers(&self.ledger, &mut self.seen, |s| {
+            !alive(s.pid) || ended(&s.path)
+        });
     }
 
     fn candidate_by_pid(&self, pid: i32) -> Option<usize> {
@@ -714,7 +737,7 @@ impl World {
     /// supervisor runs.
     fn running_leader(&mut self) -> Option<Seen> {
         self.scan();
-        let alive: Vec<&Seen> = self.seen.iter().filter(|s| !s.dead).collect();
+        let alive: Vec<&Seen> = self.seen.iter().filter(|s| !s.gone).collect();
         let [leader] = alive[..] else {
             return None;
         };
@@ -890,7 +913,7 @@ impl World {
         let leftover: Vec<String> = self
             .seen
             .iter()
-            .filter(|s| !s.dead)
+            .filter(|s| !s.gone)
             .map(|s| s.pid.to_string())
             .collect();
         let _ = std::fs::write(self.dir.join(check::LEFTOVER_FILE), leftover.join("\n"));
@@ -903,7 +926,7 @@ impl Drop for World {
             self.kill9(index);
         }
         self.scan();
-        for seen in self.seen.iter().filter(|s| !s.dead) {
+        for seen in self.seen.iter().filter(|s| !s.gone) {
             // Its process group: the worker, frozen or not.
             signal(-seen.pid, libc::SIGKILL);
         }

@@ -24,6 +24,21 @@ pub mod redis;
 pub mod tls;
 pub mod zookeeper;
 
+/// This machine, as benchmarks print it: "2 cores, AMD EPYC …".
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
 // Not every test file uses every type.
 #[allow(unused_imports)]
 pub use self::{
