@@ -363,15 +363,10 @@ impl Drop for World {
 }
 
 impl Faulty for World {
-    type Leader = Seen;
     const FIRST_LEADER: Duration = FIRST_LEADER;
 
     fn running_leader(&mut self) -> Option<Seen> {
         World::running_leader(self)
-    }
-
-    fn worker(leader: &Seen) -> i32 {
-        leader.pid
     }
 
     fn between_looks(&mut self) {

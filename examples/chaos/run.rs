@@ -1012,15 +1012,10 @@ async fn raft_leader(cluster: &EtcdCluster) -> Option<usize> {
 }
 
 impl Faulty for World {
-    type Leader = Seen;
     const FIRST_LEADER: Duration = FIRST_LEADER;
 
     fn running_leader(&mut self) -> Option<Seen> {
         World::running_leader(self)
-    }
-
-    fn worker(leader: &Seen) -> i32 {
-        leader.pid
     }
 
     fn locate(&self, leader: &Seen) -> Result<usize, String> {
@@ -1060,30 +1055,26 @@ impl Faulty for World {
 /// module's `World`) or runtimes of this process (`inproc`). The loop, [`fault_loop`], and
 /// the wait for one leader, [`await_leader`], are written once, here.
 pub(crate) trait Faulty {
-    /// A worker, as its ledger shows it.
-    type Leader: Clone;
     /// How long the first leader may take.
     const FIRST_LEADER: Duration;
     /// The one running leader, if there is exactly one.
-    fn running_leader(&mut self) -> Option<Self::Leader>;
-    /// The worker's id: the same leader seen again has the same one.
-    fn worker(leader: &Self::Leader) -> i32;
+    fn running_leader(&mut self) -> Option<Seen>;
     /// Housekeeping between two looks for the leader.
     fn between_looks(&mut self) {}
     /// The index of the leader's candidate, or why it is unknown.
-    fn locate(&self, leader: &Self::Leader) -> Result<usize, String>;
+    fn locate(&self, leader: &Seen) -> Result<usize, String>;
     /// Injects `fault` on candidate `index`, the leader; returns when it began, when it was
     /// lifted, and the bound from its beginning to one leader again.
     async fn inject(
         &mut self,
         fault: Fault,
         index: usize,
-        leader: &Self::Leader,
+        leader: &Seen,
         rng: &mut fastrand::Rng,
         errors: &mut Vec<String>,
     ) -> (u64, u64, Duration);
     /// The record of `fault` on `leader`, its times not yet set.
-    fn record(&self, fault: Fault, leader: &Self::Leader) -> FaultRecord;
+    fn record(&self, fault: Fault, leader: &Seen) -> FaultRecord;
     /// Where fault records go, one JSON line each.
     fn faults_log(&mut self) -> &mut File;
     /// The history's directory, for messages.
@@ -1092,15 +1083,12 @@ pub(crate) trait Faulty {
 
 /// The one running leader once it has run for [`STABLE`], and when it was first seen; `None`
 /// if none settles within `limit`.
-pub(crate) async fn await_leader<W: Faulty>(
-    world: &mut W,
-    limit: Duration,
-) -> Option<(W::Leader, u64)> {
+pub(crate) async fn await_leader<W: Faulty>(world: &mut W, limit: Duration) -> Option<(Seen, u64)> {
     let deadline = Instant::now() + limit;
-    let mut current: Option<(W::Leader, u64, Instant)> = None;
+    let mut current: Option<(Seen, u64, Instant)> = None;
     loop {
         match (world.running_leader(), &current) {
-            (Some(leader), Some((seen, _, _))) if W::worker(&leader) == W::worker(seen) => {}
+            (Some(leader), Some((seen, _, _))) if leader.pid == seen.pid => {}
             (Some(leader), _) => current = Some((leader, mono_ns(), Instant::now())),
             (None, _) => current = None,
         }
