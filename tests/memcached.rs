@@ -216,3 +216,135 @@ async fn an_evicted_lock_demotes_the_leader_and_the_next_token_still_grows() {
         second.fencing_token()
     );
 }
+
+/// The value of the election `name`'s counter, as an operator reads it.
+async fn counter(server: &MemcachedServer, name: &str) -> Option<u64> {
+    let stream = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("operator connection");
+    let mut stream = BufReader::new(stream);
+    let command = format!("get incumbent/{name}:fencing\r\n");
+    stream
+        .get_mut()
+        .write_all(command.as_bytes())
+        .await
+        .expect("send");
+    let mut header = String::new();
+    stream.read_line(&mut header).await.expect("reply");
+    if header.starts_with("END") {
+        return None;
+    }
+    let mut value = String::new();
+    stream.read_line(&mut value).await.expect("value");
+    value.trim_end().parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_delayed_past_a_whole_term_still_leads_with_the_highest_token() {
+    // `a` reaches memcached through a slow link: its acquisition (`get`, `incr`, `add`) takes
+    // a round trip per request. Between its `incr` and its `add`, `b` (on a fast link) takes
+    // a token, leads and steps down. `a`'s `add` then finds the key free: its term must not
+    // carry the token it took before `b`'s.
+    let server = MemcachedServer::start().await;
+    let name = "delayed-add";
+    let seed = 1_000_000_u64;
+    let set = format!(
+        "set incumbent/{name}:fencing 0 0 {}\r\n{seed}",
+        seed.to_string().len()
+    );
+    assert_eq!(operator(&server, &set).await, "STORED");
+    let proxy = support::proxy::Proxy::start(server.addr());
+    let slow = MemcachedBackend::builder(proxy.addr().to_string())
+        .poll_interval(POLL)
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let fast = connect(&server).await;
+    proxy.set_latency(Duration::from_millis(300));
+    let mut a = Election::builder(slow, name)
+        .candidate("a")
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid election")
+        .campaign();
+    // `a`'s `incr` has executed once the counter moved; its `add` arrives 0.6 s later.
+    let moved = tokio::time::timeout(PATIENCE, async {
+        while counter(&server, name).await == Some(seed) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(moved.is_ok(), "a never took a token");
+    let mut b = election(&fast, name, "b").campaign();
+    let b_term = elected(&mut b, Duration::from_secs(1)).await;
+    b.shutdown().await.expect("b steps down and releases");
+    let a_term = elected(&mut a, PATIENCE * 2).await;
+    assert!(
+        a_term.fencing_token() > b_term.fencing_token(),
+        "a term that began after b's must carry a greater token: a {} after b {}",
+        a_term.fencing_token(),
+        b_term.fencing_token()
+    );
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_at_the_top_of_memcacheds_range_is_refused_not_wrapped() {
+    // memcached's `incr` wraps at 2^64 to 0; the store has no authentication, so anyone can
+    // write the counter. A hostile counter is a typed error in the status, never a token.
+    let server = MemcachedServer::start().await;
+    let name = "hostile";
+    let max = u64::MAX.to_string();
+    let set = format!("set incumbent/{name}:fencing 0 0 {}\r\n{max}", max.len());
+    assert_eq!(operator(&server, &set).await, "STORED");
+    let backend = connect(&server).await;
+    let mut a = election(&backend, name, "a").campaign();
+    let status = a.status();
+    let problem = tokio::time::timeout(PATIENCE, async {
+        let mut status = status.clone();
+        loop {
+            if let Some(problem) = status.borrow_and_update().problem.clone() {
+                return problem.message;
+            }
+            status.changed().await.expect("the campaign lives");
+        }
+    })
+    .await
+    .expect("a problem is reported");
+    assert!(
+        problem.contains("corrupt or hostile"),
+        "the problem names the bad value: {problem}"
+    );
+    assert!(!status.borrow().is_leader());
+    // Deleted by an operator, the counter starts again from the clock, and `a` leads.
+    assert_eq!(
+        operator(&server, &format!("delete incumbent/{name}:fencing")).await,
+        "DELETED"
+    );
+    let term = elected(&mut a, PATIENCE).await;
+    assert!(
+        term.fencing_token() > 1_600_000_000_000,
+        "seeded from the clock"
+    );
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_with_a_hostile_token_is_followed_without_a_panic() {
+    // A value whose token is u64::MAX: followers must neither panic nor take it as the floor
+    // of their next token.
+    let server = MemcachedServer::start().await;
+    let name = "hostile-holder";
+    let value = format!(
+        "{{\"fencing_token\":{},\"candidate\":{{\"id\":\"mallory\"}}}}",
+        u64::MAX
+    );
+    let set = format!("set incumbent/{name} 0 1 {}\r\n{value}", value.len());
+    assert_eq!(operator(&server, &set).await, "STORED");
+    let backend = connect(&server).await;
+    let mut a = election(&backend, name, "a").campaign();
+    let term = elected(&mut a, PATIENCE).await;
+    assert!(term.fencing_token() <= incumbent::memcached::MAX_TOKEN);
+    a.shutdown().await.expect("shutdown");
+}

@@ -236,3 +236,182 @@ async fn tls_refuses_a_server_the_ca_file_does_not_vouch_for() {
         "{missing}"
     );
 }
+
+/// A backend whose requests time out after `timeout`, as in a process of its own.
+async fn connect_with_timeout(addr: SocketAddr, timeout: Duration) -> RedisBackend {
+    RedisBackend::builder(RedisConfig::new(addr.to_string()).timeout(timeout))
+        .notifications(Notifications::Off)
+        .poll_interval(POLL)
+        .connect()
+        .await
+        .expect("connect to redis")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_without_persistence_a_new_process_gets_a_token_above_every_earlier_one() {
+    // The floor lives in each process's memory: a process started after the restart knows
+    // nothing of the tokens handed out before. The token comes from the server's clock.
+    let mut server = RedisServer::start().await;
+    let mut tokens = Vec::new();
+    for round in 0..3 {
+        let backend = connect(server.addr(), Notifications::Off).await;
+        let mut a = election(&backend, "forgetful", &format!("a{round}")).campaign();
+        let term = elected(&mut a, PATIENCE).await;
+        tokens.push(term.fencing_token());
+        a.shutdown().await.expect("shutdown");
+        drop(backend);
+        server.process().restart().await;
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "every term's token is above every earlier one's, across restarts that lost the \
+         counter and processes that never saw it: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_beyond_two_to_the_53_is_refused_not_rounded() {
+    // Lua's numbers are doubles: past 2^53 a counter rounds, and at 2^63 it turns negative.
+    let server = RedisServer::start().await;
+    let mut op = operator(server.addr()).await;
+    let hostile = (1_u64 << 53) + 1;
+    let _: () = redis::cmd("SET")
+        .arg("incumbent/hostile:fencing")
+        .arg(hostile)
+        .query_async(&mut op)
+        .await
+        .expect("set");
+    let backend = connect(server.addr(), Notifications::Off).await;
+    let mut a = election(&backend, "hostile", "a").campaign();
+    let status = a.status();
+    let problem = tokio::time::timeout(PATIENCE, async {
+        let mut status = status.clone();
+        loop {
+            if let Some(problem) = status.borrow_and_update().problem.clone() {
+                return problem.message;
+            }
+            status.changed().await.expect("the campaign lives");
+        }
+    })
+    .await
+    .expect("a problem is reported");
+    assert!(problem.contains("corrupt or hostile"), "{problem}");
+    assert!(!status.borrow().is_leader());
+    let _: () = redis::cmd("DEL")
+        .arg("incumbent/hostile:fencing")
+        .query_async(&mut op)
+        .await
+        .expect("del");
+    let term = elected(&mut a, PATIENCE).await;
+    assert!(term.fencing_token() <= incumbent::redis::MAX_TOKEN);
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_was_lost_is_adopted_at_the_next_try() {
+    // The server freezes while `a` tries to take a free key: the script times out for `a`,
+    // but runs when the server thaws, and the key names `a`. Without adoption, nobody
+    // renews it and nobody leads for a whole ttl, while the key names a non-leader.
+    let mut server = RedisServer::start().await;
+    let ttl = Duration::from_secs(4);
+    let backend = connect_with_timeout(server.addr(), Duration::from_millis(300)).await;
+    let mut op = operator(server.addr()).await;
+    // Someone else holds the key for another 400 ms; `a` polls for it.
+    let _: () = redis::cmd("SET")
+        .arg("incumbent/lost-answer")
+        .arg("{\"fencing_token\":1,\"candidate\":{\"id\":\"z\"}}")
+        .arg("PX")
+        .arg(400)
+        .query_async(&mut op)
+        .await
+        .expect("set");
+    let mut a = Election::builder(backend.clone(), "lost-answer")
+        .candidate("a")
+        .ttl(ttl)
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .build()
+        .expect("valid election")
+        .campaign();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.process().pause();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    server.process().resume();
+    let thawed = Instant::now();
+    let term = elected(&mut a, PATIENCE).await;
+    let took = thawed.elapsed();
+    assert!(
+        took < ttl / 2,
+        "a leads {took:?} after the thaw: the key its lost acquire wrote was left to expire"
+    );
+    let value: String = redis::cmd("GET")
+        .arg("incumbent/lost-answer")
+        .query_async(&mut op)
+        .await
+        .expect("get");
+    assert!(
+        value.contains("\"id\":\"a\""),
+        "the key names the leader: {value}"
+    );
+    assert!(value.contains(&term.fencing_token().to_string()));
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_whose_answer_was_lost_does_not_end_the_term() {
+    // The leader's link stalls while it proclaims: the proclaim times out for it, but
+    // reaches the server once the link flows again, and runs. The next renewal finds the new value, which is the
+    // leader's own, not a sign that someone took the lock.
+    let server = RedisServer::start().await;
+    let proxy = support::proxy::Proxy::start(server.addr());
+    let backend = connect_with_timeout(proxy.addr(), Duration::from_millis(300)).await;
+    let ttl = Duration::from_secs(6);
+    let mut a = Election::builder(backend.clone(), "lost-proclaim")
+        .candidate("a")
+        .ttl(ttl)
+        .build()
+        .expect("valid election")
+        .campaign();
+    let term = elected(&mut a, PATIENCE).await;
+    // A first proclaim loads the script into the server (a script is run by its hash once
+    // loaded): the late one then runs as sent.
+    let first = [("zone".to_owned(), "a".to_owned())].into();
+    a.proclaim(first).await.expect("proclaim");
+    proxy.blackhole(true);
+    let metadata = [("zone".to_owned(), "b".to_owned())].into();
+    let proclaimed = a.proclaim(metadata).await;
+    assert!(proclaimed.is_err(), "the answer was lost: {proclaimed:?}");
+    proxy.blackhole(false);
+    let mut op = operator(server.addr()).await;
+    let ran = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let value: String = redis::cmd("GET")
+                .arg("incumbent/lost-proclaim")
+                .query_async(&mut op)
+                .await
+                .expect("get");
+            if value.contains("\"zone\":\"b\"") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(ran.is_ok(), "the late proclaim ran in the store");
+    // Two renewals (a third of the ttl apart) later, the term still holds.
+    tokio::time::sleep(ttl * 2 / 3 + Duration::from_millis(500)).await;
+    assert!(
+        !term.is_cancelled(),
+        "a late proclaim was taken for the lock being taken"
+    );
+    assert!(a.status().borrow().is_leader());
+    a.shutdown().await.expect("shutdown");
+}
+
+#[test]
+fn credentials_in_an_address_never_reach_debug() {
+    let config = RedisConfig::new("user:s3cret@cache.internal:6380");
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    assert!(shown.contains("cache.internal"), "{shown}");
+    assert!(shown.contains("6380"), "{shown}");
+}

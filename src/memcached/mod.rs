@@ -79,7 +79,9 @@ use self::store::Settings;
 use crate::backend::polled::{
     self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
 };
-pub use crate::backend::polled::{COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX};
+pub use crate::backend::polled::{
+    COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, MAX_POLL_INTERVAL, MAX_TOKEN,
+};
 use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
 

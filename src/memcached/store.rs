@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::NAME;
 use super::client::{Cas, Client};
 use crate::backend::SessionOptions;
-use crate::backend::polled::{Acquired, Claim, KeyState, Store};
+use crate::backend::polled::{Acquired, Claim, KeyState, Renewing, Store, checked_token};
 use crate::{Error, Result};
 
 /// The memcached part of a [`MemcachedBuilder`](super::MemcachedBuilder): where the server
@@ -35,9 +35,12 @@ impl Client {
     /// clock they started from (given hosts' clocks within that margin of each other).
     ///
     /// Also says whether the counter was missing (created now, or by a racing candidate).
+    ///
+    /// A counter beyond [`MAX_TOKEN`](crate::backend::polled::MAX_TOKEN) (memcached's `incr`
+    /// wraps at 2^64 to 0) is refused: a corrupt or hostile value, never a token.
     async fn next_token(&self, counter: &str) -> Result<(u64, bool)> {
         if let Some(token) = self.incr(counter, 1).await? {
-            return Ok((token, false));
+            return Ok((checked_token(NAME, counter, token)?, false));
         }
         // A lost `add` race means another candidate just created it: fine either way.
         let start = crate::backend::unix_ms_now().to_string();
@@ -46,7 +49,7 @@ impl Client {
             backend: NAME,
             reason: format!("the fencing counter {counter} vanished right after it was created"),
         })?;
-        Ok((token, true))
+        Ok((checked_token(NAME, counter, token)?, true))
     }
 
     /// Rewrites `key`'s value `ours` as `new` with expiry `exptime`, if it is still `ours`:
@@ -65,6 +68,8 @@ impl Client {
                         done => return Ok(done),
                     }
                 }
+                // A retry of a write that was done, whose answer was lost.
+                Some(item) if item.value == new => return Ok(Cas::Stored),
                 Some(_) => return Ok(Cas::Exists),
                 None => return Ok(Cas::NotFound),
             }
@@ -106,8 +111,21 @@ impl Store for Client {
     }
 
     async fn counter(&self, counter: &str) -> Result<Option<u64>> {
-        let item = self.get(counter).await?;
-        Ok(item.and_then(|i| String::from_utf8(i.value).ok()?.trim().parse().ok()))
+        let Some(item) = self.get(counter).await? else {
+            return Ok(None);
+        };
+        let token = std::str::from_utf8(&item.value)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .ok_or_else(|| Error::Store {
+                backend: NAME,
+                reason: format!(
+                    "the fencing counter {counter} holds {:?}, not a number: a corrupt or \
+                     hostile value, refused (delete it)",
+                    String::from_utf8_lossy(&item.value)
+                ),
+            })?;
+        checked_token(NAME, counter, token).map(Some)
     }
 
     /// `gets` the key; when absent, a token from the counter (raised past the floor when it
@@ -139,24 +157,58 @@ impl Store for Client {
         Ok(Acquired::Won { token, went_back })
     }
 
+    /// The acquisition is three requests (`incr`, then `add`): a candidate whose `add` came
+    /// late may hold the key with a token below one that a term begun and ended meanwhile
+    /// was given. So the counter is read once more: still our token, and nobody took one
+    /// since; otherwise a new token (above theirs) is taken and written into the key with a
+    /// checked write, before the term may begin.
+    async fn settle(&self, claim: Claim<'_>, token: u64) -> Result<Option<u64>> {
+        if self.counter(claim.counter).await? == Some(token) {
+            return Ok(Some(token));
+        }
+        let (newer, _) = self.next_token(claim.counter).await?;
+        let ours = [claim.before, token.to_string().as_bytes(), claim.after].concat();
+        let restamped = [claim.before, newer.to_string().as_bytes(), claim.after].concat();
+        match self
+            .rewrite(claim.key, &ours, &restamped, exptime(claim.ttl))
+            .await?
+        {
+            Cas::Stored => Ok(Some(newer)),
+            Cas::Exists | Cas::NotFound => Ok(None),
+        }
+    }
+
     /// One `gets` of every key, a `cas` per key still ours.
-    async fn renew(&self, held: &[(String, Vec<u8>)], ttl: Duration) -> Result<Vec<KeyState>> {
-        let keys: Vec<&str> = held.iter().map(|(key, _)| key.as_str()).collect();
+    async fn renew(&self, held: &[Renewing], ttl: Duration) -> Result<Vec<KeyState>> {
+        let keys: Vec<&str> = held.iter().map(|r| r.key.as_str()).collect();
         let items = self.gets(&keys).await?;
         let mut states = Vec::with_capacity(held.len());
-        for (key, value) in held {
+        for renewing in held {
+            let key = &renewing.key;
+            let found = |value: &[u8]| {
+                if value == renewing.value {
+                    Some(KeyState::Renewed)
+                } else if renewing.pending.as_deref() == Some(value) {
+                    Some(KeyState::RenewedPending)
+                } else {
+                    None
+                }
+            };
             let state = match items.get(key) {
                 None => KeyState::Gone,
-                Some(item) if item.value != *value => KeyState::Other,
-                Some(item) => match self.cas(key, value, exptime(ttl), item.cas).await? {
-                    Cas::Stored => KeyState::Renewed,
-                    // Changed since the `gets`: by someone else, unless it was us.
-                    Cas::Exists => match self.get(key).await? {
-                        Some(now) if now.value == *value => KeyState::Renewed,
-                        Some(_) => KeyState::Other,
-                        None => KeyState::Gone,
-                    },
-                    Cas::NotFound => KeyState::Gone,
+                Some(item) => match found(&item.value) {
+                    None => KeyState::Other,
+                    Some(state) => {
+                        match self.cas(key, &item.value, exptime(ttl), item.cas).await? {
+                            Cas::Stored => state,
+                            // Changed since the `gets`: by someone else, unless it was us.
+                            Cas::Exists => match self.get(key).await? {
+                                Some(now) => found(&now.value).unwrap_or(KeyState::Other),
+                                None => KeyState::Gone,
+                            },
+                            Cas::NotFound => KeyState::Gone,
+                        }
+                    }
                 },
             };
             states.push(state);

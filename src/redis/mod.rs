@@ -132,7 +132,9 @@ use ::redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, R
 use crate::backend::polled::{
     self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
 };
-pub use crate::backend::polled::{COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX};
+pub use crate::backend::polled::{
+    COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, MAX_POLL_INTERVAL, MAX_TOKEN,
+};
 use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
 use store::{RedisStore, Settings};
@@ -183,9 +185,23 @@ impl fmt::Debug for RedisConfig {
 
 impl RedisConfig {
     /// A server at `address`, `host:port` (the port defaults to 6379), database 0, no
-    /// credentials.
+    /// credentials. An address with credentials in front, `user:password@host:port` (or
+    /// `password@host:port`), is taken apart: they become [`username`](Self::username) and
+    /// [`password`](Self::password), never part of the host that `Debug` and errors show.
     pub fn new(address: impl Into<String>) -> Self {
-        let address = address.into();
+        let address: String = address.into();
+        let (credentials, address) = match address.rsplit_once('@') {
+            Some((credentials, host)) => (Some(credentials.to_owned()), host.to_owned()),
+            None => (None, address),
+        };
+        let (username, password) = match credentials.as_deref().map(|c| c.split_once(':')) {
+            None => (None, None),
+            Some(Some((user, password))) => (
+                Some(user.to_owned()).filter(|u| !u.is_empty()),
+                Some(password.to_owned()),
+            ),
+            Some(None) => (None, credentials),
+        };
         let (host, port) = match address.rsplit_once(':') {
             Some((host, port)) if !host.contains(':') || host.starts_with('[') => {
                 // An unparsable port is kept as 0 and refused at connect.
@@ -202,8 +218,8 @@ impl RedisConfig {
             #[cfg(feature = "redis-tls")]
             tls: None,
             db: 0,
-            username: None,
-            password: None,
+            username,
+            password,
             timeout: DEFAULT_TIMEOUT,
         }
     }

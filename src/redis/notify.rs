@@ -36,10 +36,14 @@ impl Notifier {
     }
 }
 
-/// Whether `flags` (the value of `notify-keyspace-events`) publish what followers need.
+/// Whether `flags` (the value of `notify-keyspace-events`) publish what followers need: every
+/// one of [`FLAGS`], where `A` stands for `g$lshzxetd` (all but `K`, `E`, `m` and `n`). Without
+/// `$`, a `SET` of the key (a new leader) wakes nobody, and observers lag by a poll.
 fn sufficient(flags: &str) -> bool {
     let all = flags.contains('A');
-    flags.contains('K') && (all || (flags.contains('g') && flags.contains('x')))
+    FLAGS
+        .chars()
+        .all(|flag| flags.contains(flag) || (all && flag != 'K'))
 }
 
 /// `flags` with [`FLAGS`] added.
@@ -214,8 +218,12 @@ mod tests {
     #[test]
     fn flags_are_checked_and_merged() {
         assert!(sufficient("KA"));
-        assert!(sufficient("Kgx"));
         assert!(sufficient("xgK$"));
+        assert!(
+            !sufficient("Kgx"),
+            "without `$` a new leader's SET wakes nobody"
+        );
+        assert!(!sufficient("A"), "`A` does not include `K`");
         assert!(!sufficient(""));
         assert!(!sufficient("EA"));
         assert!(!sufficient("Kg"));

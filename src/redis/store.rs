@@ -8,13 +8,18 @@ use ::redis::aio::ConnectionManager;
 
 use super::notify::Notifier;
 use super::{NAME, Notifications, RedisConfig, from_redis};
-use crate::backend::polled::{Acquired, Claim, KeyState, Store};
+use crate::backend::polled::{Acquired, Claim, KeyState, Renewing, Store, checked_token};
 use crate::{Error, Result};
 
-/// Takes KEYS[1] if it does not exist, with a new token from the counter KEYS[2] (first
-/// raised to the floor ARGV[4]); the value is ARGV[1] .. token .. ARGV[2], with ttl ARGV[3]
-/// milliseconds. Returns {1, token} when taken, {2, token} when taken on a counter that was
-/// below the floor (Redis lost its data), {0, the holder's value} when not.
+/// Takes KEYS[1] if it does not exist, with a new token from the counter KEYS[2]: the
+/// greatest of the counter + 1, the server's clock in milliseconds (`TIME`) and the floor
+/// ARGV[4] + 1, so a counter that Redis lost (a restart without persistence, a failover to a
+/// replica that missed the last write) starts again above every token handed out before. The
+/// value is ARGV[1] .. token .. ARGV[2], with ttl ARGV[3] milliseconds. Returns {1, token}
+/// when taken, {2, token} when taken on a counter that was missing or below the floor (Redis
+/// lost its data, as this process knows), {0, the holder's value} when not, {3, the counter}
+/// when the counter is not a token below 2^53 - 1 (corrupt or hostile: Lua's numbers are
+/// doubles, exact only up to there). Tokens are written with `%.0f`, exact for such doubles.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -22,32 +27,50 @@ local holder = redis.call('GET', KEYS[1])
 if holder then
   return {0, holder}
 end
+local raw = redis.call('GET', KEYS[2])
+local counter = 0
+if raw then
+  if not string.match(raw, '^%d+$') or string.len(raw) > 16 then
+    return {3, raw}
+  end
+  counter = tonumber(raw)
+  if counter >= 9007199254740991 then
+    return {3, raw}
+  end
+end
 local floor = tonumber(ARGV[4])
-local counter = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local token = math.max(counter + 1, now, floor + 1)
 local outcome = 1
-if counter < floor then
-  redis.call('SET', KEYS[2], string.format('%d', floor))
+if (not raw and floor > 0) or counter < floor then
   outcome = 2
 end
-local token = string.format('%d', redis.call('INCR', KEYS[2]))
-redis.call('SET', KEYS[1], ARGV[1] .. token .. ARGV[2], 'NX', 'PX', ARGV[3])
-return {outcome, token}
+local text = string.format('%.0f', token)
+redis.call('SET', KEYS[2], text)
+redis.call('SET', KEYS[1], ARGV[1] .. text .. ARGV[2], 'NX', 'PX', ARGV[3])
+return {outcome, text}
 ",
     )
 });
 
-/// Renews every held key whose value is still ours. KEYS: the keys; ARGV[1]: the ttl in
-/// milliseconds, ARGV[1 + i]: our value of KEYS[i]. Returns per key 1 (renewed), 0 (gone) or
-/// 2 (another value).
+/// Renews every held key whose value is still ours, or our pending value. KEYS: the keys;
+/// ARGV[1]: the ttl in milliseconds, ARGV[2i] our value of KEYS[i] and ARGV[2i + 1] its
+/// pending value ('' for none). Returns per key 1 (renewed), 3 (renewed, holding the pending
+/// value), 0 (gone) or 2 (another value).
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local out = {}
 for i, key in ipairs(KEYS) do
   local v = redis.call('GET', key)
-  if v == ARGV[i + 1] then
+  local pending = ARGV[2 * i + 1]
+  if v == ARGV[2 * i] then
     redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
+  elseif v and pending ~= '' and v == pending then
+    redis.call('PEXPIRE', key, ARGV[1])
+    out[i] = 3
   elseif v then
     out[i] = 2
   else
@@ -60,12 +83,16 @@ return out
 });
 
 /// Replaces KEYS[1]'s value ARGV[1] with ARGV[2] (ttl ARGV[3] milliseconds). Returns 1 if it
-/// did.
+/// did, or if the key holds ARGV[2] already (a retry).
 static REPLACE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if v == ARGV[2] then
   return 1
 end
 return 0
@@ -110,6 +137,22 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A token as the store holds it (decimal), checked.
+fn parse_token(what: &str, text: &[u8]) -> Result<u64> {
+    let token = std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| Error::Store {
+            backend: NAME,
+            reason: format!(
+                "{what} holds {:?}, not a fencing token: a corrupt or hostile value, refused \
+                 (delete it)",
+                String::from_utf8_lossy(text)
+            ),
+        })?;
+    checked_token(NAME, what, token)
+}
+
 fn millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
@@ -136,11 +179,12 @@ impl Store for RedisStore {
     }
 
     async fn counter(&self, counter: &str) -> Result<Option<u64>> {
-        ::redis::cmd("GET")
+        let value: Option<Vec<u8>> = ::redis::cmd("GET")
             .arg(counter)
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(from_redis)
+            .map_err(from_redis)?;
+        value.map(|v| parse_token(counter, &v)).transpose()
     }
 
     async fn acquire(&self, claim: Claim<'_>) -> Result<Acquired> {
@@ -154,33 +198,35 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(from_redis)?;
-        if outcome == 0 {
-            return Ok(Acquired::Held(Some(answer)));
-        }
-        let token = std::str::from_utf8(&answer)
-            .ok()
-            .and_then(|token| token.parse().ok())
-            .ok_or_else(|| Error::Store {
+        match outcome {
+            0 => Ok(Acquired::Held(Some(answer))),
+            1 | 2 => Ok(Acquired::Won {
+                token: parse_token(claim.counter, &answer)?,
+                went_back: outcome == 2,
+            }),
+            _ => Err(Error::Store {
                 backend: NAME,
                 reason: format!(
-                    "the acquire script returned {:?}, not a token",
+                    "the fencing counter {} holds {:?}, not a token below 2^53 - 1: a corrupt \
+                     or hostile value, refused (delete it; the next token is seeded from the \
+                     server's clock)",
+                    claim.counter,
                     String::from_utf8_lossy(&answer)
                 ),
-            })?;
-        Ok(Acquired::Won {
-            token,
-            went_back: outcome == 2,
-        })
+            }),
+        }
     }
 
-    async fn renew(&self, held: &[(String, Vec<u8>)], ttl: Duration) -> Result<Vec<KeyState>> {
+    async fn renew(&self, held: &[Renewing], ttl: Duration) -> Result<Vec<KeyState>> {
         let mut invocation = RENEW.prepare_invoke();
-        for (key, _) in held {
-            invocation.key(key);
+        for renewing in held {
+            invocation.key(&renewing.key);
         }
         invocation.arg(millis(ttl));
-        for (_, value) in held {
-            invocation.arg(value);
+        for renewing in held {
+            invocation
+                .arg(&renewing.value)
+                .arg(renewing.pending.as_deref().unwrap_or_default());
         }
         let results: Vec<i64> = invocation
             .invoke_async(&mut self.conn.clone())
@@ -190,6 +236,7 @@ impl Store for RedisStore {
             .into_iter()
             .map(|result| match result {
                 1 => KeyState::Renewed,
+                3 => KeyState::RenewedPending,
                 0 => KeyState::Gone,
                 _ => KeyState::Other,
             })

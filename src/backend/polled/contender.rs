@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::session::{Held, Shared};
-use super::{Acquired, Claim, PolledBackend, Store};
+use super::{Acquired, Claim, KeyState, PolledBackend, Renewing, Store, checked_token};
 use crate::backend::{
     Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, Observer, lock, unix_ms_now,
 };
@@ -30,10 +30,7 @@ fn value_parts(leader: &Leader, owner: &str) -> (Vec<u8>, Vec<u8>) {
     let rest = serde_json::Value::Object(object).to_string();
     // `rest` is `{...}` with at least the owner inside: the token goes first.
     let inner = rest.strip_prefix('{').unwrap_or(&rest);
-    (
-        b"{\"fencing_token\":".to_vec(),
-        format!(",{inner}").into_bytes(),
-    )
+    (VALUE_PREFIX.to_vec(), format!(",{inner}").into_bytes())
 }
 
 /// `before`, `token`, `after`: a stored value.
@@ -89,6 +86,9 @@ pub struct PolledContender<S: Store> {
     freed: watch::Receiver<u64>,
     /// When the pending poll of `wait` is due.
     poll_at: Option<Instant>,
+    /// Set while an acquire is unanswered, and left set when its answer was lost: the key
+    /// may be ours then, and `release` looks.
+    uncertain: bool,
 }
 
 impl<S: Store> std::fmt::Debug for PolledContender<S> {
@@ -134,6 +134,7 @@ impl<S: Store> PolledContender<S> {
             local,
             freed,
             poll_at: None,
+            uncertain: false,
         }
     }
 
@@ -144,12 +145,26 @@ impl<S: Store> PolledContender<S> {
     /// Stops renewing our key (if the session still does), without telling a loss.
     fn forget(&mut self) {
         let mut held = lock(&self.session.held);
-        if held.get(&self.key).is_some_and(|h| h.value == self.value) {
-            held.remove(&self.key);
+        if held
+            .keys
+            .get(&self.key)
+            .is_some_and(|h| h.value == self.value)
+        {
+            held.keys.remove(&self.key);
         }
         drop(held);
         self.held = None;
         self.loss = None;
+    }
+
+    /// Our value of the key as the session renews it: the renewal makes a lost proclaim's
+    /// value ours once it finds it in the store. With the pending value, if any.
+    fn current(&mut self) -> (Vec<u8>, Option<Vec<u8>>) {
+        if let Some(held) = lock(&self.session.held).keys.get(&self.key) {
+            self.value.clone_from(&held.value);
+            return (held.value.clone(), held.pending.clone());
+        }
+        (self.value.clone(), None)
     }
 
     fn not_held(&self, what: &str) -> Error {
@@ -161,6 +176,144 @@ impl<S: Store> PolledContender<S> {
             ),
         }
     }
+
+    /// The term begins on `value` (the key's value, with `token`): the session renews the
+    /// key from now on. `sent`: when the request that wrote it was sent, `None` when not
+    /// known (a lost answer's key, found later).
+    ///
+    /// A renewal that listed the session's keys after `sent` but before the key was
+    /// registered here did not restart it, yet its confirmation moves the session's
+    /// deadlines past the key's own expiry: then (and for a found key) the key is renewed
+    /// once more, alone, before the term may begin, so that `stop_by` is never later than
+    /// the key's real expiry.
+    async fn take(
+        &mut self,
+        value: Vec<u8>,
+        token: FencingToken,
+        went_back: bool,
+        sent: Option<Instant>,
+    ) -> Result<Attempt> {
+        let floor = self.backend().saw(&self.key, Some(token));
+        self.backend().read_by_contender(&self.key, &value);
+        let (loss, lost) = watch::channel(None);
+        let listed_since = {
+            let mut held = lock(&self.session.held);
+            held.keys.insert(
+                self.key.clone(),
+                Held {
+                    value: value.clone(),
+                    pending: None,
+                    loss,
+                },
+            );
+            match (sent, held.listed_at) {
+                (Some(sent), Some(listed)) => listed > sent,
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+        };
+        self.value = value;
+        self.held = Some(token);
+        self.last = Some(token);
+        self.loss = Some(lost);
+        if listed_since {
+            let renewing = [Renewing {
+                key: self.key.clone(),
+                value: self.value.clone(),
+                pending: None,
+            }];
+            let ttl = self.session.options.ttl;
+            let renewed = self.backend().store().renew(&renewing, ttl).await;
+            match renewed.as_deref() {
+                Ok([KeyState::Renewed]) => {}
+                Ok(_) => {
+                    self.forget();
+                    return Ok(Attempt::Held { holder: None });
+                }
+                Err(_) => {
+                    // Ours, but not confirmed: the next acquire finds it ours again.
+                    self.forget();
+                    return renewed.map(|_| Attempt::Held { holder: None });
+                }
+            }
+        }
+        if went_back {
+            // The counter went back: the store lost its data (a restart, a failover, an
+            // eviction), so the last leader may not know yet that its key is gone. It stops
+            // within its renew deadline, which is shorter than the ttl: we hold the key (and
+            // renew it) but lead only a ttl from now. The next `acquire` finds the key ours.
+            let until = Instant::now() + self.session.options.ttl;
+            tracing::warn!(
+                store = S::NAME,
+                key = %self.key,
+                floor,
+                fencing_token = token,
+                "the fencing counter went back (the store lost its data); taking the lock \
+                 but leading only after a ttl, when the last leader has surely stopped"
+            );
+            return Ok(Attempt::Delayed { until });
+        }
+        Ok(Attempt::Won {
+            fencing_token: token,
+        })
+    }
+
+    /// The holder's value `value` is ours: written by an acquire of this contender whose
+    /// answer was lost (a timeout, a frozen server that thawed). The term begins on it, once
+    /// the store confirmed no greater token was handed out meanwhile, and the key was renewed.
+    async fn adopt(&mut self, value: Vec<u8>) -> Result<Attempt> {
+        let Some((token, after)) = split_value(&value) else {
+            return Err(self.corrupt(&value));
+        };
+        let token = checked_token(S::NAME, &self.key, token)?;
+        let claim = Claim {
+            key: &self.key,
+            counter: &self.counter,
+            before: VALUE_PREFIX,
+            after,
+            ttl: self.session.options.ttl,
+            floor: 0,
+        };
+        let store = self.session.backend.store();
+        let Some(settled) = store.settle(claim, token).await? else {
+            return Ok(Attempt::Held { holder: None });
+        };
+        let value = value_with(VALUE_PREFIX, settled, after);
+        tracing::info!(store = S::NAME, key = %self.key, fencing_token = settled, "found the lock ours after an acquire whose answer was lost; taking it");
+        self.take(value, settled, false, None).await
+    }
+
+    fn corrupt(&self, value: &[u8]) -> Error {
+        Error::Store {
+            backend: S::NAME,
+            reason: format!(
+                "{} holds {:?}, which names this candidate's owner id but is not a value \
+                 incumbent writes: a corrupt or hostile value (delete the key)",
+                self.key,
+                String::from_utf8_lossy(value)
+            ),
+        }
+    }
+}
+
+/// What every value starts with: the token comes first.
+const VALUE_PREFIX: &[u8] = b"{\"fencing_token\":";
+
+/// A value this crate wrote, split: its token, and what follows the token.
+fn split_value(value: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = value.strip_prefix(VALUE_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let token = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    Some((token, &rest[digits..]))
+}
+
+/// The owner id in a stored value, if it is a value this crate wrote.
+fn owner_of(value: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Owned {
+        owner: String,
+    }
+    serde_json::from_slice::<Owned>(value).ok().map(|o| o.owner)
 }
 
 impl<S: Store> Contender for PolledContender<S> {
@@ -174,7 +327,12 @@ impl<S: Store> Contender for PolledContender<S> {
         let session = self.session.clone();
         let store = session.backend.store();
         if let Some(fencing_token) = self.held {
-            if store.read(&self.key).await?.as_deref() == Some(self.value.as_slice()) {
+            let (value, pending) = self.current();
+            let now = store.read(&self.key).await?;
+            if now
+                .as_ref()
+                .is_some_and(|v| *v == value || Some(v) == pending.as_ref())
+            {
                 return Ok(Attempt::Won { fencing_token });
             }
             self.forget();
@@ -199,8 +357,18 @@ impl<S: Store> Contender for PolledContender<S> {
             ttl: self.session.options.ttl,
             floor,
         };
-        let (fencing_token, went_back) = match store.acquire(claim).await? {
+        let sent = Instant::now();
+        // Until the store answers, the key may be ours without our knowing (a lost answer).
+        self.uncertain = true;
+        let acquired = store.acquire(claim).await?;
+        self.uncertain = false;
+        let (token, went_back) = match acquired {
             Acquired::Won { token, went_back } => (token, went_back),
+            Acquired::Held(Some(value))
+                if owner_of(&value).is_some_and(|owner| owner == self.owner) =>
+            {
+                return self.adopt(value).await;
+            }
             Acquired::Held(holder) => {
                 if let Some(value) = &holder {
                     self.backend().read_by_contender(&self.key, value);
@@ -212,38 +380,18 @@ impl<S: Store> Contender for PolledContender<S> {
                 return Ok(Attempt::Held { holder });
             }
         };
-        self.backend().saw(&self.key, Some(fencing_token));
-        self.value = value_with(&before, fencing_token, &after);
-        self.backend().read_by_contender(&self.key, &self.value);
-        let (loss, lost) = watch::channel(None);
-        lock(&self.session.held).insert(
-            self.key.clone(),
-            Held {
-                value: self.value.clone(),
-                changing: false,
-                loss,
-            },
-        );
-        self.held = Some(fencing_token);
-        self.last = Some(fencing_token);
-        self.loss = Some(lost);
-        if went_back {
-            // The counter went back: the store lost its data (a restart, a failover, an
-            // eviction), so the last leader may not know yet that its key is gone. It stops
-            // within its renew deadline, which is shorter than the ttl: we hold the key (and
-            // renew it) but lead only a ttl from now. The next `acquire` finds the key ours.
-            let until = Instant::now() + self.session.options.ttl;
-            tracing::warn!(
-                store = S::NAME,
-                key = %self.key,
-                floor,
-                fencing_token,
-                "the fencing counter went back (the store lost its data); taking the lock \
-                 but leading only after a ttl, when the last leader has surely stopped"
-            );
-            return Ok(Attempt::Delayed { until });
-        }
-        Ok(Attempt::Won { fencing_token })
+        let token = checked_token(S::NAME, &self.counter, token)?;
+        let Some(token) = store.settle(claim, token).await? else {
+            return Ok(Attempt::Held { holder: None });
+        };
+        let token = checked_token(S::NAME, &self.counter, token)?;
+        self.take(
+            value_with(&before, token, &after),
+            token,
+            went_back,
+            Some(sent),
+        )
+        .await
     }
 
     async fn wait(&mut self) -> Result<()> {
@@ -293,26 +441,37 @@ impl<S: Store> Contender for PolledContender<S> {
         }
     }
 
+    /// Replaces the value. While the store has not answered, and after an answer that was
+    /// lost, the renewal accepts the old value and the new one alike (the request may still
+    /// execute), and takes the new one as ours once it finds it: a late proclaim is never
+    /// mistaken for the lock being taken.
     async fn proclaim(&mut self, leader: &Leader) -> Result<()> {
         let Some(fencing_token) = self.held else {
             return Err(self.not_held("proclaim"));
         };
         let (before, after) = value_parts(leader, &self.owner);
         let value = value_with(&before, fencing_token, &after);
-        if let Some(held) = lock(&self.session.held).get_mut(&self.key) {
-            held.changing = true;
+        let (ours, _) = self.current();
+        if let Some(held) = lock(&self.session.held).keys.get_mut(&self.key) {
+            held.pending = Some(value.clone());
         }
         let ttl = self.session.options.ttl;
         let done = self
             .backend()
             .store()
-            .replace(&self.key, &self.value, &value, ttl)
+            .replace(&self.key, &ours, &value, ttl)
             .await;
-        if let Some(held) = lock(&self.session.held).get_mut(&self.key) {
-            if matches!(done, Ok(true)) {
-                held.value = value.clone();
+        if let Some(held) = lock(&self.session.held).keys.get_mut(&self.key) {
+            match done {
+                Ok(true) => {
+                    held.value.clone_from(&value);
+                    held.pending = None;
+                }
+                // Not ours any more: the renewal tells the loss.
+                Ok(false) => held.pending = None,
+                // It may still execute: both values stay ours.
+                Err(_) => {}
             }
-            held.changing = false;
         }
         if !done? {
             return Err(self.not_held("proclaim"));
@@ -322,11 +481,28 @@ impl<S: Store> Contender for PolledContender<S> {
     }
 
     async fn release(&mut self) -> Result<()> {
+        let session = self.session.clone();
+        let store = session.backend.store();
         if self.held.is_none() {
+            if !std::mem::take(&mut self.uncertain) {
+                return Ok(());
+            }
+            // An acquire's answer was lost: the key may be ours without our knowing.
+            match store.read(&self.key).await? {
+                Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
+                    store.release(&self.key, &value).await?;
+                    self.backend().released(&self.key, self.handle);
+                }
+                _ => {}
+            }
             return Ok(());
         }
-        let released = self.backend().store().release(&self.key, &self.value).await;
+        let (value, pending) = self.current();
         self.forget();
+        let mut released = store.release(&self.key, &value).await;
+        if let Some(pending) = pending {
+            released = released.and(store.release(&self.key, &pending).await);
+        }
         self.backend().released(&self.key, self.handle);
         released
     }

@@ -48,6 +48,9 @@ pub const COURTESY_POLLS: u32 = 2;
 pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// How often followers poll unless [`PolledBuilder::poll_interval`] says otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The longest poll interval a builder accepts: a follower that polls less often than once
+/// an hour is a mistake (and the instants computed from it must not overflow).
+pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// Settings for a backend on a store whose followers poll, made by
 /// [`RedisBackend::builder`](crate::redis::RedisBackend::builder) or
@@ -84,16 +87,44 @@ impl<C> PolledBuilder<C> {
         self
     }
 
-    /// Refuses a zero poll interval.
+    /// Refuses a zero poll interval, and one above [`MAX_POLL_INTERVAL`].
     pub(crate) fn check_poll(&self, backend: &'static str) -> Result<()> {
-        if self.poll_interval.is_zero() {
-            return Err(crate::Error::InvalidConfig {
-                backend,
-                reason: "the poll interval must be above zero (e.g. 500ms)".into(),
-            });
-        }
-        Ok(())
+        let reason = if self.poll_interval.is_zero() {
+            "the poll interval must be above zero (e.g. 500ms)".to_owned()
+        } else if self.poll_interval > MAX_POLL_INTERVAL {
+            format!(
+                "the poll interval {:?} is above the largest allowed, {MAX_POLL_INTERVAL:?}: \
+                 followers would take that long to notice a free lock (e.g. 500ms)",
+                self.poll_interval
+            )
+        } else {
+            return Ok(());
+        };
+        Err(crate::Error::InvalidConfig { backend, reason })
     }
+}
+
+/// The highest fencing token a polled store hands out, and the highest this crate takes from
+/// one: 2^53 − 1. Up to it, a token is exact in Redis's Lua (whose numbers are doubles) and in
+/// JSON readers that use doubles (JavaScript); tokens seeded from the clock in milliseconds
+/// stay below it for some 280,000 years. A larger value in the store (a counter or a leader's
+/// token) is corrupt or hostile: it is refused with [`Error::Store`](crate::Error::Store),
+/// never wrapped or trusted as a floor.
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
+/// `token`, if it is a token a polled store can hand out (1 to [`MAX_TOKEN`]); otherwise the
+/// error that names `what` held it.
+pub(crate) fn checked_token(backend: &'static str, what: &str, token: u64) -> Result<u64> {
+    if (1..=MAX_TOKEN).contains(&token) {
+        return Ok(token);
+    }
+    Err(crate::Error::Store {
+        backend,
+        reason: format!(
+            "{what} holds the fencing token {token}, outside 1..={MAX_TOKEN}: a corrupt or \
+             hostile value, refused (delete it; incumbent seeds the next token from the clock)"
+        ),
+    })
 }
 
 /// What one key looked like to a renewal.
@@ -101,10 +132,24 @@ impl<C> PolledBuilder<C> {
 pub enum KeyState {
     /// Still ours: its expiry was restarted.
     Renewed,
+    /// It held the [pending](Renewing::pending) value (a proclaim whose answer was lost did
+    /// execute): its expiry was restarted, and that value is ours from now on.
+    RenewedPending,
     /// Gone.
     Gone,
     /// Another value: someone else holds it.
     Other,
+}
+
+/// One key for a renewal to restart: ours while it holds `value` (or `pending`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Renewing {
+    /// The election's key.
+    pub key: String,
+    /// Our value.
+    pub value: Vec<u8>,
+    /// The value a proclaim wrote without an answer, which the store may hold instead.
+    pub pending: Option<Vec<u8>>,
 }
 
 /// What taking a key found.
@@ -166,15 +211,29 @@ pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
     /// The value of a fencing counter, `None` while it is absent.
     fn counter(&self, counter: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
 
-    /// Takes the claim's key if it is absent, with a token from its counter (raised to the
-    /// floor first, so the token exceeds it).
+    /// Takes the claim's key if it is absent, with a token above the claim's floor, above
+    /// every token the store handed out for the election before (its counter), and, where
+    /// the counter can vanish or go back, at least the store's clock in milliseconds.
     fn acquire(&self, claim: Claim<'_>) -> impl Future<Output = Result<Acquired>> + Send;
 
-    /// Restarts the expiry of every key of `held` whose value is still the one given; one
-    /// state per key, in order.
+    /// After `acquire` took the key with `token` (or a lost answer's key was found ours):
+    /// makes sure that no greater token was handed out meanwhile, where the acquisition was
+    /// not one atomic step (memcached: a candidate's `add` delayed after its `incr`, while
+    /// another term began and ended). Returns the token the key holds now, a new one if it
+    /// had to be raised, or `None` when the key is no longer ours.
+    fn settle(
+        &self,
+        _claim: Claim<'_>,
+        token: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send {
+        std::future::ready(Ok(Some(token)))
+    }
+
+    /// Restarts the expiry of every key of `held` that still holds its value (or its pending
+    /// value); one state per key, in order.
     fn renew(
         &self,
-        held: &[(String, Vec<u8>)],
+        held: &[Renewing],
         ttl: Duration,
     ) -> impl Future<Output = Result<Vec<KeyState>>> + Send;
 
@@ -297,8 +356,16 @@ impl<S: Store> PolledBackend<S> {
         &self.inner.store
     }
 
-    /// Notes a token seen for `key`; returns the highest seen so far.
+    /// Notes a token seen for `key`; returns the highest seen so far. A token above
+    /// [`MAX_TOKEN`] (a corrupt or hostile value) is not taken as a floor.
     fn saw(&self, key: &str, token: Option<u64>) -> u64 {
+        let token = token.filter(|&token| {
+            let valid = token <= MAX_TOKEN;
+            if !valid {
+                tracing::warn!(store = S::NAME, %key, token, "ignoring a fencing token above 2^53 - 1 in the store: a corrupt or hostile value");
+            }
+            valid
+        });
         let mut seen = lock(&self.inner.seen);
         let highest = seen.entry(key.to_owned()).or_insert(0);
         if let Some(token) = token {

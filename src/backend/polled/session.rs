@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::{KeyState, PolledBackend, PolledContender, Store};
+use super::{KeyState, PolledBackend, PolledContender, Renewing, Store};
 use crate::Result;
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::pool::{self, Poolable};
@@ -22,15 +22,27 @@ static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0);
 pub(super) struct Held {
     /// Our value of the key, compared by every renewal.
     pub value: Vec<u8>,
-    /// Set while the value is being changed (proclaim): a renewal that finds neither value
-    /// says nothing then; the next one decides.
-    pub changing: bool,
+    /// The value a proclaim is writing, or wrote without an answer: the store may hold it
+    /// now or later (a request that timed out can still execute), so a renewal accepts it
+    /// too, and makes it [`value`](Self::value) once it finds it.
+    pub pending: Option<Vec<u8>>,
     /// Told why, when a renewal finds the key gone or another's.
     pub loss: watch::Sender<Option<LockLoss>>,
 }
 
-/// The keys held by a session's contenders, by key.
-pub(super) type HeldKeys = Arc<Mutex<HashMap<String, Held>>>;
+/// The keys held by a session's contenders, and when a renewal last took their list.
+#[derive(Default)]
+pub(super) struct HeldState {
+    /// By key.
+    pub keys: HashMap<String, Held>,
+    /// When the last renewal took the list of keys to renew: a key taken by a request sent
+    /// before that instant but registered after it was left out of that renewal, whose
+    /// confirmation then says nothing of the key (see `PolledContender::take`).
+    pub listed_at: Option<Instant>,
+}
+
+/// The keys held by a session's contenders.
+pub(super) type HeldKeys = Arc<Mutex<HeldState>>;
 
 /// A session and its keep-alive, shared through the backend's pool by every
 /// [`PolledSession`] with its options.
@@ -61,12 +73,11 @@ impl<S: Store> Poolable for Shared<S> {
     /// Stops the renewals and deletes every key still held (where still ours).
     async fn destroy(&self) -> Result<()> {
         self.keepalive.stop();
-        let held: Vec<(String, Vec<u8>)> = lock(&self.held)
-            .drain()
-            .map(|(key, held)| (key, held.value))
-            .collect();
-        for (key, value) in held {
-            self.backend.store().release(&key, &value).await?;
+        let held: Vec<(String, Held)> = lock(&self.held).keys.drain().collect();
+        for (key, held) in held {
+            for value in std::iter::once(held.value).chain(held.pending) {
+                self.backend.store().release(&key, &value).await?;
+            }
         }
         Ok(())
     }
@@ -140,29 +151,51 @@ async fn renew<S: Store>(
     held: HeldKeys,
     ttl: Duration,
 ) -> Result<Renewal> {
-    let snapshot: Vec<(String, Vec<u8>)> = lock(&held)
-        .iter()
-        .map(|(key, held)| (key.clone(), held.value.clone()))
-        .collect();
+    let snapshot: Vec<Renewing> = {
+        let mut held = lock(&held);
+        held.listed_at = Some(Instant::now());
+        held.keys
+            .iter()
+            .map(|(key, held)| Renewing {
+                key: key.clone(),
+                value: held.value.clone(),
+                pending: held.pending.clone(),
+            })
+            .collect()
+    };
     if snapshot.is_empty() {
         backend.store().ping().await?;
         return Ok(Renewal::Alive);
     }
     let states = backend.store().renew(&snapshot, ttl).await?;
-    for ((key, value), state) in snapshot.iter().zip(states) {
+    for (renewed, state) in snapshot.iter().zip(states) {
+        let mut held = lock(&held);
+        // Unless the key changed hands in this process meanwhile (released, proclaimed).
+        let Some(ours) = held
+            .keys
+            .get_mut(&renewed.key)
+            .filter(|h| h.value == renewed.value && h.pending == renewed.pending)
+        else {
+            continue;
+        };
         let loss = match state {
             KeyState::Renewed => continue,
+            KeyState::RenewedPending => {
+                // A proclaim whose answer was lost did execute: its value is ours now.
+                if let Some(pending) = ours.pending.take() {
+                    ours.value = pending;
+                }
+                continue;
+            }
             KeyState::Gone => LockLoss::Deleted,
             KeyState::Other => LockLoss::Taken,
         };
-        let mut held = lock(&held);
-        let ours = held
-            .get(key)
-            .is_some_and(|h| h.value == *value && !h.changing);
-        if ours && let Some(lost) = held.remove(key) {
+        if let Some(lost) = held.keys.remove(&renewed.key) {
             drop(held);
-            tracing::warn!(store = S::NAME, %key, ?loss, "a renewal found the lock no longer ours");
+            // The term ends first: the contender is told before anything is logged.
             lost.loss.send_replace(Some(loss));
+            let key = &renewed.key;
+            tracing::warn!(store = S::NAME, %key, ?loss, "a renewal found the lock no longer ours");
         }
     }
     Ok(Renewal::Alive)
