@@ -1,4 +1,10 @@
 //! `incumbent run`: campaign, and run the command only while leader.
+//!
+//! The [`watchdog`] stays armed from the spawn until the command has been reaped, on every
+//! path: while the term lasts and during a voluntary stop (a signal, a resign, a shutdown)
+//! at the lease's last safe instant, re-armed from each renewal of the session that holds
+//! the lease (renewals go on until the lock is released, after the command is gone); after
+//! an involuntary loss at the term's `stop_by`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
