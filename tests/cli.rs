@@ -1058,18 +1058,12 @@ fn a_follower_exits_at_once_on_sigterm_and_says_it_held_nothing() {
     assert!(log.contains("did not hold the lock"), "{log}");
 }
 
-#[test]
-fn the_watchdog_kills_the_command_when_the_supervisors_thread_is_frozen() {
-    let sandbox = Sandbox::new();
-    let a = sandbox.candidate_running("a", &["--ttl", "2s"], SLEEPER);
-    let first = a.start(1);
-    // A healthy leader keeps its command for longer than the ttl: the watchdog moves on.
-    thread::sleep(Duration::from_secs(3));
-    assert!(alive(first.pid), "killed while healthy; log:\n{}", a.log());
-
-    // Freeze only the main thread (the async runtime's), as a stuck call would: the lease
-    // is no longer renewed, and nothing on that thread can stop the command.
-    let pid = libc::pid_t::try_from(a.pid()).expect("pid");
+/// Freezes the main thread of `pid` (a child of this test), and only it, as a call stuck in
+/// the async runtime would: `ptrace` seize and interrupt stop one thread, where SIGSTOP would
+/// stop the whole process, the watchdog's thread included. The tracing ends when the
+/// candidate is SIGKILLed on drop.
+fn freeze_main_thread(pid: u32) {
+    let pid = libc::pid_t::try_from(pid).expect("pid");
     let null = std::ptr::null_mut::<libc::c_void>();
     // SAFETY: ptrace on our own child; seize and interrupt take no pointers.
     let seized = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) };
@@ -1087,12 +1081,89 @@ fn the_watchdog_kills_the_command_when_the_supervisors_thread_is_frozen() {
         "ptrace: {}",
         std::io::Error::last_os_error()
     );
+}
+
+#[test]
+fn the_watchdog_kills_the_command_when_the_supervisors_thread_is_frozen() {
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate_running("a", &["--ttl", "2s"], SLEEPER);
+    let first = a.start(1);
+    // A healthy leader keeps its command for longer than the ttl: the watchdog moves on.
+    thread::sleep(Duration::from_secs(3));
+    assert!(alive(first.pid), "killed while healthy; log:\n{}", a.log());
+
+    // Freeze only the main thread (the async runtime's), as a stuck call would: the lease
+    // is no longer renewed, and nothing on that thread can stop the command.
+    freeze_main_thread(a.pid());
     let frozen = Instant::now();
     let killed = wait_until(Duration::from_secs(5), || !alive(first.pid));
     let took = frozen.elapsed();
     // The candidate is SIGKILLed on drop, which ends the tracing too.
     assert!(killed, "the command outlived the lease by {took:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
+}
+
+/// The ttl of the tests of a voluntary stop with a frozen supervisor.
+const STOP_TTL: Duration = Duration::from_secs(3);
+
+/// A voluntary stop (`stop`) of a command that ignores SIGTERM, with a `--grace` far longer
+/// than the ttl: the session renews during the stop, so the command may run on past one
+/// ttl; then the supervisor's thread freezes, renewals stop, and the watchdog must kill the
+/// command before the lease can expire (by the last renewal's send time + ttl, which is no
+/// later than the freeze + ttl), not when the grace ends.
+fn a_voluntary_stop_keeps_the_watchdog_armed(stop: impl FnOnce(&Sandbox, &Candidate)) {
+    let sandbox = Sandbox::new();
+    let ttl = format!("{}s", STOP_TTL.as_secs());
+    let mut a = sandbox.candidate_running("a", &["--ttl", &ttl, "--grace", "60s"], STUBBORN);
+    let first = a.start(1);
+    stop(&sandbox, &a);
+    assert!(
+        wait_until(LIMIT, || a.log().contains("stopping the command")),
+        "not stopping; log:\n{}",
+        a.log()
+    );
+    // The grace is given while the session renews: the watchdog moves on with the renewals.
+    thread::sleep(STOP_TTL + STOP_TTL / 2);
+    assert!(
+        alive(first.pid),
+        "killed during the grace while renewing; log:\n{}",
+        a.log()
+    );
+    assert!(a.process.is_running(), "log:\n{}", a.log());
+
+    freeze_main_thread(a.pid());
+    let frozen = Instant::now();
+    let killed = wait_until(STOP_TTL * 3, || !alive(first.pid));
+    let took = frozen.elapsed();
+    assert!(
+        killed,
+        "the command outlived the lease: still running {took:?} after renewals stopped, with a ttl of {STOP_TTL:?}; log:\n{}",
+        a.log()
+    );
+    assert!(
+        took <= STOP_TTL,
+        "killed {took:?} after renewals stopped, past the ttl of {STOP_TTL:?}"
+    );
+}
+
+#[test]
+fn after_sigterm_the_watchdog_still_kills_a_command_ignoring_it_before_the_lease_expires() {
+    a_voluntary_stop_keeps_the_watchdog_armed(|_, a| signal(a.pid(), libc::SIGTERM));
+}
+
+#[test]
+fn after_a_resign_the_watchdog_still_kills_a_command_ignoring_sigterm_before_the_lease_expires() {
+    a_voluntary_stop_keeps_the_watchdog_armed(|sandbox, a| {
+        // It asks, then waits for another leader, which cannot come while the command is
+        // being stopped (the lock is kept until it is gone): only the asking counts here.
+        let output = sandbox.output(&["resign", "--election", ELECTION, "--timeout", "1s"]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("to resign"),
+            "{output:?}; log:\n{}",
+            a.log()
+        );
+    });
 }
 
 // ---- failing fast vs retrying: one rule for every backend ----

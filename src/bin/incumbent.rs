@@ -21,8 +21,12 @@
 //!   already taken the lock. From then on the store may hand the lock to another candidate,
 //!   so on a missed renew deadline the command has 0.9 × ttl − renew deadline to stop, and a
 //!   longer `--grace` is cut short. A watchdog thread, independent of the async runtime, kills the
-//!   group at that instant even if the supervisor itself is stuck, and, while the term lasts,
-//!   at "last confirmed renewal + ttl − ttl/10", pushed forward with each renewal.
+//!   group at that instant even if the supervisor itself is stuck, and, while the term lasts
+//!   and while the command is being stopped after a voluntary end, at "last confirmed
+//!   renewal + ttl − ttl/10", pushed forward with each renewal. It stays armed until the
+//!   command has exited: if the supervisor gets stuck during a voluntary stop, the renewals
+//!   stop and a command that ignores SIGTERM is killed before the lease can expire, not when
+//!   `--grace` ends.
 //!
 //! A second SIGINT / SIGTERM while stopping kills the group at once and exits within a second,
 //! released or not. SIGHUP counts as SIGTERM.
@@ -207,7 +211,9 @@ CONSUL_HTTP_AUTH, ETCDCTL_USER, ETCDCTL_PASSWORD, ...) are removed from it, unle
 --pass-credentials.
 
 --grace and the ttl: after a voluntary end (a signal, SIGUSR1, the command's exit) the \
-command gets the whole --grace while the lock is kept. After an involuntary loss (no renewal \
+command gets the whole --grace while the lock is kept and renewed; should this process's \
+main thread get stuck meanwhile, the renewals stop and a watchdog thread kills the command \
+before the lease can expire. After an involuntary loss (no renewal \
 confirmed within the renew deadline, the session or the lock lost) the store may hand the \
 lock on soon: the command gets SIGTERM at once and SIGKILL at --grace or at the last \
 confirmed renewal's send time + ttl - ttl/10 (at once if the lock is already gone), \

@@ -1,10 +1,16 @@
 //! `incumbent run`: campaign, and run the command only while leader.
+//!
+//! The [`watchdog`] stays armed from the spawn until the command has been reaped, on every
+//! path: while the term lasts and during a voluntary stop (a signal, a resign, a shutdown)
+//! at the lease's last safe instant, re-armed from each renewal of the session that holds
+//! the lease (renewals go on until the lock is released, after the command is gone); after
+//! an involuntary loss at the term's `stop_by`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use incumbent::backend::{Backend, Observer, Session, SessionOptions};
+use incumbent::backend::{Backend, Observer, Session, SessionHealth, SessionOptions};
 use incumbent::url::WithBackend;
 use incumbent::{CampaignHandle, Election, LeadershipEvent, Status, Term};
 use serde_json::json;
@@ -189,7 +195,8 @@ struct Supervisor {
     ttl: Duration,
 }
 
-/// A command being stopped: it has had SIGTERM, and gets SIGKILL at `kill_at`.
+/// A command being stopped: it has had SIGTERM, and gets SIGKILL at `kill_at`. The watchdog
+/// stays armed until it has been reaped.
 struct Stopping {
     running: Running,
     kill_at: Instant,
@@ -226,6 +233,10 @@ enum StopEvent {
 struct State {
     /// The command, while its term lasts.
     running: Option<Running>,
+    /// The health of the session that holds the lease of the command's term, from the spawn
+    /// until the command (running or being stopped) has been reaped: each renewal it reports
+    /// pushes the watchdog's deadline forward, also while a voluntary stop keeps the lock.
+    lease: Option<watch::Receiver<SessionHealth>>,
     /// The command of a term that has ended, until it is gone. A new term's command starts
     /// only after it.
     stopping: Option<Stopping>,
@@ -267,11 +278,9 @@ impl Supervisor {
         let mut campaign = election.campaign();
         let handle = campaign.handle();
         let mut status = campaign.status();
-        // The session's renewals (the status does not change at each): each one pushes the
-        // watchdog's deadline forward.
-        let mut renewals = None;
         let mut state = State {
             running: None,
+            lease: None,
             stopping: None,
             pending: None,
             quick_exits: 0,
@@ -302,17 +311,15 @@ impl Supervisor {
                 }
                 Ok(()) = status.changed() => {
                     let status = status.borrow_and_update();
-                    if let Some(session) = status.renewals()
-                        && !renewals.as_ref().is_some_and(|r: &watch::Receiver<_>| r.same_channel(&session))
-                    {
-                        renewals = Some(session);
-                    }
                     self.rearm(&status, &state);
                     state.fail_at = self.fail_at(&status, &state);
                 }
-                renewed = changed_some(&mut renewals) => match renewed {
+                // The lease's renewals (the status does not change at each): each one pushes
+                // the watchdog's deadline forward. A session that is gone renews no more: the
+                // watchdog stays armed at the last deadline.
+                renewed = changed_some(&mut state.lease) => match renewed {
                     Ok(()) => self.rearm(&status.borrow(), &state),
-                    Err(()) => renewals = None,
+                    Err(()) => state.lease = None,
                 },
                 () = sleep_until_some(state.fail_at), if !state.shutting_down => {
                     state.fail_at = None;
@@ -349,7 +356,9 @@ impl Supervisor {
     /// The running command's term has ended (or this process is shutting down): SIGTERM to
     /// its group now; SIGKILL after the grace, or at the term's `stop_by` if that is sooner
     /// (an involuntary loss: from then on the store may hand the lock on). The watchdog
-    /// thread kills it at `stop_by` even if this thread cannot. Logged only afterwards.
+    /// thread kills it at `stop_by` even if this thread cannot; after a voluntary end, at the
+    /// lease's last safe instant, pushed forward by the renewals that go on until the lock
+    /// is released (see [`rearm`](Self::rearm)). Logged only afterwards.
     fn fence(&mut self, state: &mut State) {
         if let Some((message, fields)) = self.fence_quietly(state) {
             self.out.event("command_stopping", &message, fields);
@@ -371,9 +380,13 @@ impl Supervisor {
                 watchdog::arm(running.pid(), at.into_std());
                 grace_ends.min(at)
             }
-            // A voluntary end: the lock is kept (and renewed) until the command is gone.
+            // A voluntary end: the lock is kept (and renewed) until the command is gone. The
+            // watchdog stays armed all along, at the lease's last safe instant, in case this
+            // thread gets stuck and the renewals stop while the command ignores SIGTERM.
             None => {
-                watchdog::disarm(running.pid());
+                if let Some(at) = self.lease_safe_until(state) {
+                    watchdog::arm(running.pid(), at.into_std());
+                }
                 grace_ends
             }
         };
@@ -428,6 +441,8 @@ impl Supervisor {
                     return;
                 };
                 stopping.running.sweep();
+                // Reaped: the watchdog has forgotten its group; no renewal re-arms it now.
+                state.lease = None;
                 let pid = stopping.running.pid();
                 let took = stopping.began.elapsed();
                 // Releases the term's guard: the campaign may release the lock now.
@@ -531,10 +546,20 @@ impl Supervisor {
         problem.since.checked_add(limit)
     }
 
-    /// Keeps the watchdog armed at the lease's last safe instant while the command's term
-    /// lasts: the last confirmed renewal's send time + ttl − ttl/10 (as the term's `stop_by`
-    /// would be), pushed forward with each renewal the campaign reports.
+    /// Keeps the watchdog armed at the lease's last safe instant until the command has been
+    /// reaped: the last confirmed renewal's send time + ttl − ttl/10 (as the term's `stop_by`
+    /// would be), pushed forward with each renewal the campaign reports, while the term
+    /// lasts and while the command is being stopped after a voluntary end (the lock is
+    /// renewed until it is gone); at the term's `stop_by` once it has one (an involuntary
+    /// loss, or renewals that stopped during the stop).
     fn rearm(&self, status: &Status, state: &State) {
+        if let Some(stopping) = &state.stopping {
+            let term = stopping.running.term();
+            if let Some(at) = term.stop_by().or_else(|| self.lease_safe_until(state)) {
+                watchdog::arm(stopping.running.pid(), at.into_std());
+            }
+            return;
+        }
         let Some(running) = &state.running else {
             return;
         };
@@ -551,6 +576,13 @@ impl Supervisor {
         }
         let at = last + self.ttl - self.ttl / WATCHDOG_MARGIN_DIVISOR;
         watchdog::arm(running.pid(), at.into_std());
+    }
+
+    /// The last instant the lease of the command's term is surely held: its session's last
+    /// confirmed renewal's send time + ttl − ttl/10. `None` without a command.
+    fn lease_safe_until(&self, state: &State) -> Option<Instant> {
+        let confirmed = state.lease.as_ref()?.borrow().confirmed_sent_at;
+        Some(confirmed + self.ttl - self.ttl / WATCHDOG_MARGIN_DIVISOR)
     }
 
     fn on_event(
@@ -682,6 +714,7 @@ impl Supervisor {
             Ok(running) => {
                 let took = clock.elapsed();
                 state.running = Some(running);
+                state.lease = status.borrow().renewals();
                 self.rearm(&status.borrow(), state);
                 Started::Running { began, took }
             }
@@ -743,6 +776,8 @@ impl Supervisor {
             return;
         };
         running.sweep();
+        // Reaped: the watchdog has forgotten its group; no renewal re-arms it now.
+        state.lease = None;
         let uptime = running.uptime();
         let pid = running.pid();
         let term_ended = running.term().is_cancelled();

@@ -4,11 +4,18 @@
 //! The supervisor stops the command itself, earlier (SIGTERM when the term ends, SIGKILL at
 //! `min(now + grace, stop_by)`). The watchdog covers the case where the supervisor cannot:
 //! the runtime's thread is stuck (in a blocking call, a bug), so no loss is seen and no
-//! signal is sent, while the store lets the lease expire and hands the lock on. While the
-//! command runs, the supervisor keeps the watchdog armed at "last confirmed renewal's send
-//! time + ttl − ttl/10" (pushed forward with every renewal); after an involuntary loss, at the
-//! term's `stop_by`. A watchdog that fires has nothing to lose: by then the campaign would
-//! have fenced itself had it been able to run.
+//! signal is sent, while the store lets the lease expire and hands the lock on.
+//!
+//! The watchdog stays armed on every path until the command has exited: it is disarmed only
+//! by [`forget`], once the command's process has been reaped. While the command runs, and
+//! while it is being stopped after a voluntary end (SIGTERM, SIGINT or SIGHUP to this
+//! process, a resign, a shutdown), the supervisor keeps it armed at "last confirmed renewal's
+//! send time + ttl − ttl/10", pushed forward with every renewal: the lock is kept and renewed
+//! until the command is gone, so a command that takes its `--grace` to stop is not cut
+//! short, but if the runtime gets stuck the renewals stop, and a command that ignores SIGTERM
+//! is killed before the lease can expire rather than when the grace ends. After an
+//! involuntary loss, it is armed at the term's `stop_by`. A watchdog that fires has nothing
+//! to lose: by then the campaign would have fenced itself had it been able to run.
 //!
 //! What no thread of ours can cover: this process dying (a crash, `kill -9`). For that there
 //! is the *guardian*: a small process forked once at start, before any command runs, that
@@ -215,8 +222,10 @@ pub fn forget(group: libc::pid_t) {
     disarm(group);
 }
 
-/// Stops watching `group` (if it is the one watched); the guardian still guards it.
-pub fn disarm(group: libc::pid_t) {
+/// Stops watching `group` (if it is the one watched); the guardian still guards it. Only
+/// [`forget`] calls it, once the group's leader has been reaped: a command that is still
+/// running, even one being stopped, stays watched.
+fn disarm(group: libc::pid_t) {
     if let Some(shared) = shared() {
         let mut armed = shared.lock();
         if armed.is_some_and(|a| a.group == group) {
