@@ -434,3 +434,27 @@ async fn a_leader_behind_a_cut_off_follower_ends_its_term_before_another_is_elec
     drop(a);
     drop(b);
 }
+
+#[tokio::test]
+async fn credentials_in_the_connect_string_are_in_no_error_or_debug_output() {
+    let mut leaks = Vec::new();
+    for connect_string in [
+        "zk://indexer:s3cret@127.0.0.1:2181/app",
+        "indexer:s3cret@127.0.0.1:2181,,127.0.0.1:2182",
+        "127.0.0.1:2181,,127.0.0.1:2182/app?password=s3cret",
+        "127.0.0.1:2181/app?password=s3cret",
+        // Well-formed as far as this crate can tell: the client library gets it.
+        "127.0.0.1:1?password=s3cret",
+    ] {
+        let builder = ZookeeperBackend::builder(connect_string)
+            .digest_auth("indexer", "s3cret")
+            .connect_timeout(Duration::from_millis(200));
+        let mut shown = vec![format!("{builder:?}")];
+        match builder.connect().await {
+            Ok(backend) => panic!("connected with {connect_string}: {backend:?}"),
+            Err(error) => shown.extend([error.to_string(), format!("{error:?}")]),
+        }
+        leaks.extend(shown.into_iter().filter(|text| text.contains("s3cret")));
+    }
+    assert!(leaks.is_empty(), "secrets shown: {leaks:#?}");
+}

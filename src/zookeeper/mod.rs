@@ -205,8 +205,11 @@ impl fmt::Debug for ZookeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let settings = &self.inner.settings;
         f.debug_struct("ZookeeperBackend")
-            .field("servers", &settings.servers)
-            .field("chroot", &settings.chroot)
+            .field("servers", &crate::url::redact(&settings.servers))
+            .field(
+                "chroot",
+                &settings.chroot.as_deref().map(crate::url::redact),
+            )
             .field("prefix", &settings.prefix)
             .field("user", &settings.auth.as_ref().map(|auth| &auth.user))
             .finish_non_exhaustive()
