@@ -1,7 +1,8 @@
 //! The ZooKeeper backend against a real ZooKeeper server: what is particular to ZooKeeper
 //! (predecessor watches that wake one candidate, czxids as fencing tokens, sessions that
 //! expire or survive a reconnect, digest ACLs and chroots, the negotiated timeout, a member
-//! of an ensemble lost). The behaviour every backend shares is in the conformance suite.
+//! of an ensemble lost or cut off, credentials kept out of output). The behaviour every
+//! backend shares is in the conformance suite.
 
 mod support;
 
