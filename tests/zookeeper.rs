@@ -1,7 +1,8 @@
 //! The ZooKeeper backend against a real ZooKeeper server: what is particular to ZooKeeper
 //! (predecessor watches that wake one candidate, czxids as fencing tokens, sessions that
 //! expire or survive a reconnect, digest ACLs and chroots, the negotiated timeout, a member
-//! of an ensemble lost). The behaviour every backend shares is in the conformance suite.
+//! of an ensemble lost or cut off, credentials kept out of output). The behaviour every
+//! backend shares is in the conformance suite.
 
 mod support;
 
@@ -368,4 +369,93 @@ async fn losing_one_member_of_three_keeps_the_leader() {
     let holder = observer.next().await.expect("read").expect("a holder");
     assert_eq!(holder.candidate.id, "a");
     assert_eq!(holder.fencing_token, Some(term.fencing_token()));
+}
+
+/// How long a follower of the proxied ensemble takes to notice it no longer hears from its
+/// leader, in ticks (`syncLimit`): 2 s, as long as the session timeout, so that a follower
+/// cut off goes on answering reads until after the quorum expired a session it holds.
+const SYNC_LIMIT_TICKS: u32 = 10;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_behind_a_cut_off_follower_ends_its_term_before_another_is_elected() {
+    let ensemble = ZookeeperEnsemble::three_with_peer_proxies(SYNC_LIMIT_TICKS).await;
+    let mut quorum_leader = None;
+    for _ in 0..50 {
+        quorum_leader = ensemble.leader().await;
+        if quorum_leader.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    let quorum_leader = quorum_leader.expect("a member says it leads the ensemble");
+    let follower = (0..3).find(|&i| i != quorum_leader).expect("a follower");
+    let others: Vec<usize> = (0..3).filter(|&i| i != follower).collect();
+    // Candidate a talks only to the follower, b only to the other two members.
+    let a_backend = connect(&ensemble.connect_string_of(&[follower])).await;
+    let mut a = election(&a_backend, "partition", "a").campaign();
+    let a_term = elected(&mut a, PATIENCE).await;
+    let b_backend = connect(&ensemble.connect_string_of(&others)).await;
+    let b = election(&b_backend, "partition", "b").campaign();
+    sleep(Duration::from_millis(500)).await;
+    assert!(!b.status().borrow().is_leader(), "b queues behind a");
+    let a_token = a_term.cancellation_token();
+    let a_ended = tokio::spawn(async move {
+        a_token.cancelled().await;
+        tokio::time::Instant::now()
+    });
+    let mut b = b;
+    // The follower loses the rest of the ensemble; its client port stays open.
+    ensemble.isolate(follower, true);
+    let cut = tokio::time::Instant::now();
+    let b_term = elected(&mut b, PATIENCE).await;
+    let b_elected = b_term.started();
+    let a_ended = timeout(PATIENCE, a_ended)
+        .await
+        .expect("a's term ends")
+        .expect("join");
+    eprintln!(
+        "after the cut: a's term ended at {:?}, b was elected at {:?}",
+        a_ended - cut,
+        b_elected - cut
+    );
+    assert!(
+        a_ended < b_elected,
+        "a's term ended {:?} after the cut, after b was elected ({:?} after the cut): two \
+         terms overlapped for {:?}",
+        a_ended - cut,
+        b_elected - cut,
+        a_ended - b_elected
+    );
+    assert!(
+        b_term.fencing_token() > a_term.fencing_token(),
+        "tokens grow: {:?} then {:?}",
+        a_term.fencing_token(),
+        b_term.fencing_token()
+    );
+    drop(a);
+    drop(b);
+}
+
+#[tokio::test]
+async fn credentials_in_the_connect_string_are_in_no_error_or_debug_output() {
+    let mut leaks = Vec::new();
+    for connect_string in [
+        "zk://indexer:s3cret@127.0.0.1:2181/app",
+        "indexer:s3cret@127.0.0.1:2181,,127.0.0.1:2182",
+        "127.0.0.1:2181,,127.0.0.1:2182/app?password=s3cret",
+        "127.0.0.1:2181/app?password=s3cret",
+        // Well-formed as far as this crate can tell: the client library gets it.
+        "127.0.0.1:1?password=s3cret",
+    ] {
+        let builder = ZookeeperBackend::builder(connect_string)
+            .digest_auth("indexer", "s3cret")
+            .connect_timeout(Duration::from_millis(200));
+        let mut shown = vec![format!("{builder:?}")];
+        match builder.connect().await {
+            Ok(backend) => panic!("connected with {connect_string}: {backend:?}"),
+            Err(error) => shown.extend([error.to_string(), format!("{error:?}")]),
+        }
+        leaks.extend(shown.into_iter().filter(|text| text.contains("s3cret")));
+    }
+    assert!(leaks.is_empty(), "secrets shown: {leaks:#?}");
 }

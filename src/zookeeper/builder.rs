@@ -6,6 +6,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::{NAME, Settings, ZookeeperBackend, from_client};
+use crate::url::redact;
 use crate::{Error, Result};
 
 /// The prefix (under the chroot) of the nodes elections live in, unless
@@ -49,7 +50,8 @@ impl fmt::Debug for Digest {
 /// Settings for a [`ZookeeperBackend`]; made by [`ZookeeperBackend::builder`], finished by
 /// [`connect`](ZookeeperBuilder::connect), which checks them all.
 ///
-/// `Debug` output shows the connect string, prefix and user name, never the password.
+/// `Debug` output shows the connect string (with anything in it that may be a credential,
+/// such as `user:password@`, hidden), prefix and user name, never the password.
 #[derive(Clone)]
 pub struct ZookeeperBuilder {
     connect_string: String,
@@ -62,7 +64,7 @@ pub struct ZookeeperBuilder {
 impl fmt::Debug for ZookeeperBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZookeeperBuilder")
-            .field("connect_string", &self.connect_string)
+            .field("connect_string", &redact(&self.connect_string))
             .field("prefix", &self.prefix)
             .field("auth", &self.auth)
             .field("connect_timeout", &self.connect_timeout)
@@ -133,7 +135,7 @@ impl ZookeeperBuilder {
         if self.prefix.len() < 2 || self.prefix.contains("//") || self.prefix.contains('@') {
             return Err(invalid(format!(
                 "prefix {:?}: use a node path such as /incumbent, without '@'",
-                self.prefix
+                redact(&self.prefix)
             )));
         }
         for duration in [self.connect_timeout, self.request_timeout] {
@@ -179,7 +181,8 @@ fn unavailable(reason: impl Into<String>) -> Error {
 }
 
 /// Splits `host:port[,host:port…][/chroot]` into the servers and the chroot (`None` for `/`
-/// or none).
+/// or none). Errors show the connect string only [redacted](redact): it may hold credentials
+/// (`user:password@host`, or a URL's `?password=`), which belong elsewhere.
 pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<String>)> {
     let (servers, chroot) = match connect.find('/') {
         Some(i) => (&connect[..i], Some(&connect[i..])),
@@ -187,7 +190,8 @@ pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<Stri
     };
     if servers.is_empty() || servers.split(',').any(|s| s.trim().is_empty()) {
         return Err(invalid(format!(
-            "connect string {connect:?}: use host:port[,host:port...][/chroot]"
+            "connect string {:?}: use host:port[,host:port...][/chroot]",
+            redact(connect)
         )));
     }
     if servers.contains('@') {
@@ -202,7 +206,8 @@ pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<Stri
         && (chroot.contains("//") || chroot.contains(['?', '#']))
     {
         return Err(invalid(format!(
-            "chroot {chroot:?}: use a node path such as /myapp"
+            "chroot {:?}: use a node path such as /myapp",
+            redact(chroot)
         )));
     }
     Ok((servers.to_owned(), chroot.map(str::to_owned)))
@@ -227,7 +232,8 @@ pub(super) async fn open_client(
     .map_err(|_| {
         unavailable(format!(
             "no server of {} answered within {:?}",
-            settings.servers, settings.connect_timeout
+            redact(&settings.servers),
+            settings.connect_timeout
         ))
     })?;
     let client = connected.map_err(|e| from_client(e, "connecting"))?;
@@ -239,9 +245,12 @@ pub(super) async fn open_client(
         .await
         .map_err(|_| unavailable("creating the chroot timed out"))?;
     created.map_err(|e| from_client(e, "creating the chroot"))?;
-    client
-        .chroot(chroot.as_str())
-        .map_err(|_| invalid(format!("chroot {chroot:?}: not a valid node path")))
+    client.chroot(chroot.as_str()).map_err(|_| {
+        invalid(format!(
+            "chroot {:?}: not a valid node path",
+            redact(chroot)
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -37,10 +37,11 @@
 //!   when the last of them closes its session, which deletes all their nodes at once.
 //! - **Renewals.** The client pings the server by itself, but a ping's answer cannot be
 //!   tied to when it was sent from outside the client. So the crate's keep-alive loop sends
-//!   its own cheap request (an `exists` on the root) every renew interval; the client sends
-//!   a request the moment it is called, so the server heard from the session no earlier than
-//!   that, and the session cannot expire before that instant plus the session timeout. Its
-//!   answer confirms the renewal with that send time.
+//!   its own cheap requests every renew interval: a `sync` of the root, and right behind it,
+//!   pipelined, an `exists` on the root. The client sends a request the moment it is called,
+//!   so the server heard from the session no earlier than that; both answers confirm the
+//!   renewal with that send time. See [below](#why-renewals-sync) for why a read alone would
+//!   not do.
 //! - **Candidates are ephemeral sequential nodes** named `@<session id>-<slot>-<sequence>`
 //!   under `<prefix>/<election>` (a persistent node created on first use). Their data is the
 //!   candidate's [`Leader`] value, so observers read who leads. The lowest sequence leads.
@@ -77,10 +78,47 @@
 //! or moving to a new ensemble, rewinds zxids: make downstream stores forget the tokens they
 //! saw then. Observers see the token in [`Leader::fencing_token`].
 //!
+//! # Why renewals sync
+//!
+//! Reads are answered by the server the client is connected to, from its own copy, while
+//! only the ensemble's *leader* expires sessions: a follower passes the sessions it heard
+//! from on to the leader in its answers to the leader's pings (every half tick). A follower
+//! cut off from the rest of the ensemble does not notice for `syncLimit` × `tickTime`, and
+//! until then it goes on answering reads, while the leader hears nothing more of the session
+//! and expires it a session timeout after the follower's last report. A renewal that is a
+//! read would then keep being confirmed, and the term kept, after the session expired and
+//! another candidate was elected through the rest of the ensemble (with `tickTime` 500 ms,
+//! `syncLimit` 5 and a 2 s ttl, two terms overlapped for over a second).
+//!
+//! A `sync` is not answered alone: a follower forwards it to the leader and answers it only
+//! once the leader's answer comes back, through the same connection that carries the pings.
+//! So a cut-off follower that has not noticed yet leaves it unanswered (the renewal is not
+//! confirmed, and the term ends at the renew deadline), and one that has noticed closes its
+//! clients' connections and serves nothing until it rejoins a quorum (a server in read-only
+//! mode refuses a `sync`). An answered `sync` proves that the follower was in touch with the
+//! leader after the renewal was sent; the `exists` behind it, which the server answers only
+//! after the `sync` (a session's requests are answered in order), proves the session was
+//! still open then. The leader itself stops answering once it loses its quorum (within
+//! `syncLimit` ticks), and a new leader gives every session a whole timeout from its
+//! election on, so a leader cut off is covered as well.
+//!
+//! What remains is a window of half a tick: the leader learns of the session's activity at
+//! the follower with the follower's next ping answer, so a follower cut off right after the
+//! `sync` was answered leaves the leader counting from the session's previous activity: the
+//! previous renewal, or the client's own ping, which it sends after 3/20 of the session
+//! timeout without a request (so at most about a fifth of it earlier). The margin between the
+//! renew deadline and the ttl, a third of the ttl by default, covers that gap plus half a
+//! tick whenever the ttl is four ticks or more; a renew deadline closer to the ttl (at most
+//! four fifths of it) narrows the margin. The price is one round trip to the leader per
+//! renewal; nothing is written.
+//!
 //! # Failure modes
 //!
 //! - **A leader cut off from the ensemble** stops getting renewals confirmed and cancels its
 //!   term at the renew deadline, before the session can expire and a follower can lead.
+//! - **The server a leader is connected to cut off from the rest of the ensemble**, its
+//!   client port still open: the renewals' `sync`s go unanswered, so the same holds (see
+//!   [Why renewals sync](#why-renewals-sync)).
 //! - **A paused or restarting server**: the client reconnects (to another server of the
 //!   connect string if there is one); a pause shorter than the renew deadline costs nothing.
 //!   A standalone server restart keeps sessions alive if it comes back within the timeout.
@@ -167,8 +205,11 @@ impl fmt::Debug for ZookeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let settings = &self.inner.settings;
         f.debug_struct("ZookeeperBackend")
-            .field("servers", &settings.servers)
-            .field("chroot", &settings.chroot)
+            .field("servers", &crate::url::redact(&settings.servers))
+            .field(
+                "chroot",
+                &settings.chroot.as_deref().map(crate::url::redact),
+            )
             .field("prefix", &settings.prefix)
             .field("user", &settings.auth.as_ref().map(|auth| &auth.user))
             .finish_non_exhaustive()

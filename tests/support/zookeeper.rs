@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 
 use super::bin::{INSTALL_HINT, find_binary};
+use super::http;
 use super::net::free_addr;
 use super::process::{Probe, ServerProcess};
+use super::proxy::Proxy;
 
 /// ZooKeeper's tick in milliseconds: sessions are checked for expiry at this pace.
 pub const TICK_MS: u32 = 200;
@@ -107,16 +109,44 @@ impl ZookeeperServer {
 
 /// A three-member ZooKeeper ensemble on loopback, each member with its own client, quorum,
 /// election and admin ports and data directory; killed on drop.
+///
+/// Made by [`ZookeeperEnsemble::three_with_peer_proxies`], every member reaches every other
+/// member's quorum and election ports through a [`Proxy`] of its own, one per direction, so
+/// that a member can be cut off from the others ([`ZookeeperEnsemble::isolate`]) while its
+/// client port stays open.
 pub struct ZookeeperEnsemble {
     members: Vec<ServerProcess>,
     client_addrs: Vec<SocketAddr>,
+    admin_addrs: Vec<SocketAddr>,
+    /// `(from, to, proxy)`: member `from` reaches member `to`'s quorum or election port
+    /// through `proxy`. Empty unless made with peer proxies.
+    links: Vec<(usize, usize, Proxy)>,
     // Declared last so it is removed after the processes are killed.
     _dir: TempDir,
+}
+
+/// A member's quorum and election addresses.
+#[derive(Clone, Copy)]
+struct PeerPorts {
+    quorum: SocketAddr,
+    election: SocketAddr,
 }
 
 impl ZookeeperEnsemble {
     /// Starts three members and waits until each serves requests (which needs a quorum).
     pub async fn three() -> Self {
+        Self::start(false, 5).await
+    }
+
+    /// Starts three members whose links to each other run through proxies (see
+    /// [`ZookeeperEnsemble::isolate`]), with `syncLimit` = `sync_limit` ticks: how long a
+    /// follower that hears nothing from its leader takes to notice. Waits until each member
+    /// serves requests.
+    pub async fn three_with_peer_proxies(sync_limit: u32) -> Self {
+        Self::start(true, sync_limit).await
+    }
+
+    async fn start(proxied: bool, sync_limit: u32) -> Self {
         let java = find_binary("java");
         let classpath = classpath();
         let dir = tempfile::Builder::new()
@@ -125,25 +155,55 @@ impl ZookeeperEnsemble {
             .expect("create a zookeeper temp dir");
         let client_addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
         let admin_addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
-        let servers: String = (1..=3)
-            .map(|id| {
-                let (quorum, election) = (free_addr(), free_addr());
-                format!(
-                    "server.{id}={}:{}:{}\n",
-                    quorum.ip(),
-                    quorum.port(),
-                    election.port()
-                )
+        let real: Vec<PeerPorts> = (0..3)
+            .map(|_| PeerPorts {
+                quorum: free_addr(),
+                election: free_addr(),
             })
             .collect();
+        // What member `from` dials to reach member `to`: its ports, or proxies in front.
+        let mut links = Vec::new();
+        let mut views: Vec<Vec<PeerPorts>> = Vec::new();
+        for from in 0..3 {
+            let mut view = real.clone();
+            if proxied {
+                for (to, ports) in view.iter_mut().enumerate() {
+                    if to == from {
+                        continue;
+                    }
+                    let quorum = Proxy::start(real[to].quorum);
+                    let election = Proxy::start(real[to].election);
+                    *ports = PeerPorts {
+                        quorum: quorum.addr(),
+                        election: election.addr(),
+                    };
+                    links.push((from, to, quorum));
+                    links.push((from, to, election));
+                }
+            }
+            views.push(view);
+        }
         let mut members = Vec::new();
         for i in 0..3 {
             let member = dir.path().join(format!("zk{}", i + 1));
             std::fs::create_dir_all(member.join("data")).expect("create the data dir");
             std::fs::write(member.join("data/myid"), format!("{}\n", i + 1)).expect("write myid");
             let config = member.join("zoo.cfg");
+            let servers: String = views[i]
+                .iter()
+                .enumerate()
+                .map(|(j, ports)| {
+                    format!(
+                        "server.{}={}:{}:{}\n",
+                        j + 1,
+                        ports.quorum.ip(),
+                        ports.quorum.port(),
+                        ports.election.port()
+                    )
+                })
+                .collect();
             let text = format!(
-                "{}initLimit=10\nsyncLimit=5\n{servers}",
+                "{}initLimit=10\nsyncLimit={sync_limit}\n{servers}",
                 config_text(&member, client_addrs[i], admin_addrs[i])
             );
             std::fs::write(&config, text).expect("write zoo.cfg");
@@ -174,15 +234,22 @@ impl ZookeeperEnsemble {
         ZookeeperEnsemble {
             members,
             client_addrs,
+            admin_addrs,
+            links,
             _dir: dir,
         }
     }
 
     /// The connect string of all members: `127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
     pub fn connect_string(&self) -> String {
-        self.client_addrs
+        self.connect_string_of(&[0, 1, 2])
+    }
+
+    /// The connect string of the members `indexes` only.
+    pub fn connect_string_of(&self, indexes: &[usize]) -> String {
+        indexes
             .iter()
-            .map(SocketAddr::to_string)
+            .map(|&i| self.client_addrs[i].to_string())
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -190,6 +257,43 @@ impl ZookeeperEnsemble {
     /// Member `index`'s process, to kill, pause, resume or restart it.
     pub fn member(&mut self, index: usize) -> &mut ServerProcess {
         &mut self.members[index]
+    }
+
+    /// The index of the member that is the ensemble's leader now, asked of each member's
+    /// AdminServer; `None` if none says it leads.
+    pub async fn leader(&self) -> Option<usize> {
+        for (i, addr) in self.admin_addrs.iter().enumerate() {
+            let Ok(response) = http::get(*addr, "/commands/srvr").await else {
+                continue;
+            };
+            let state = serde_json::from_str::<serde_json::Value>(&response.body)
+                .ok()
+                .and_then(|json| {
+                    json["server_stats"]["server_state"]
+                        .as_str()
+                        .map(str::to_owned)
+                });
+            if state.as_deref() == Some("leader") {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Cuts member `index` off from the other two (`on`), or joins it again: every byte of
+    /// its quorum and election links, both ways, is withheld while the connections stay
+    /// open, as in a network partition. Its client port stays open. Panics unless the
+    /// ensemble was made with peer proxies.
+    pub fn isolate(&self, index: usize, on: bool) {
+        assert!(
+            !self.links.is_empty(),
+            "isolate needs ZookeeperEnsemble::three_with_peer_proxies"
+        );
+        for (from, to, proxy) in &self.links {
+            if *from == index || *to == index {
+                proxy.blackhole(on);
+            }
+        }
     }
 }
 
