@@ -66,8 +66,16 @@ pub struct CampaignHandle {
     shared: Arc<Shared>,
 }
 
+/// How many events each subscriber's queue ([`Campaign`], [`Events`]) keeps while they are
+/// not read: past it, the oldest is dropped for the newest, so a subscriber that never reads
+/// costs a bounded amount of memory and never holds the campaign back. Dropped events are
+/// counted ([`Events::missed`], [`Campaign::missed_events`]). Nothing unsafe follows from a
+/// dropped event: a [`Term`](crate::Term) carries its own cancellation, and the status
+/// always says where the campaign stands.
+pub const EVENT_QUEUE_CAPACITY: usize = 1024;
+
 /// A stream of a campaign's [`LeadershipEvent`]s, from when it was subscribed. It ends when
-/// the campaign has stopped.
+/// the campaign has stopped. At most [`EVENT_QUEUE_CAPACITY`] unread events are kept.
 #[derive(Debug)]
 pub struct Events {
     rx: QueueReceiver<LeadershipEvent>,
@@ -91,7 +99,7 @@ impl Subscribers {
     }
 
     fn send(&self, event: &LeadershipEvent) {
-        lock(&self.0).retain(|s| s.send(event.clone()).is_ok());
+        lock(&self.0).retain(|s| s.send_bounded(event.clone(), EVENT_QUEUE_CAPACITY).is_ok());
     }
 
     fn close(&self) {
@@ -127,6 +135,11 @@ impl Events {
     pub async fn recv(&mut self) -> Option<LeadershipEvent> {
         self.rx.recv().await
     }
+
+    /// How many events were dropped unread because [`EVENT_QUEUE_CAPACITY`] were waiting.
+    pub fn missed(&self) -> u64 {
+        self.rx.dropped()
+    }
 }
 
 impl Stream for Campaign {
@@ -141,6 +154,11 @@ impl Campaign {
     /// The next event, or `None` once the campaign has stopped.
     pub async fn recv(&mut self) -> Option<LeadershipEvent> {
         self.events.recv().await
+    }
+
+    /// How many events were dropped unread because [`EVENT_QUEUE_CAPACITY`] were waiting.
+    pub fn missed_events(&self) -> u64 {
+        self.events.missed()
     }
 
     /// A cloneable handle for other tasks.
@@ -301,8 +319,38 @@ pub(crate) fn spawn<B: Backend>(
         last_token: None,
         leaderless_since: Some(Instant::now()),
     };
-    tokio::spawn(engine.run().instrument(span));
+    tokio::spawn(engine.supervise().instrument(span));
     Campaign { events, handle }
+}
+
+/// Polls a future, turning a panic in it into an `Err` with the panic's payload.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::pin::Pin::new(inner).poll(cx)
+        })) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(output)) => std::task::Poll::Ready(Ok(output)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// The message of a panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 struct Engine<B: Backend> {
@@ -448,7 +496,57 @@ impl Inbox {
 }
 
 impl<B: Backend> Engine<B> {
-    async fn run(mut self) {
+    /// Runs the campaign; a panic in it never ends it silently. The unwinding ends the term
+    /// (its [`InForce`] guard) and drops the session; then the demotion is reported (an event
+    /// and the status, with the panic's message as the problem) and the campaign goes on
+    /// after a back-off, as after any failure.
+    async fn supervise(mut self) {
+        loop {
+            let Err(panic) = CatchUnwind(Box::pin(self.run())).await else {
+                return;
+            };
+            let message = panic_message(panic.as_ref());
+            if self.recover(message).await.is_err() {
+                self.stopped();
+                for done in self.inbox.shutdown_waiters.drain(..) {
+                    let _ = done.send(());
+                }
+                return;
+            }
+        }
+    }
+
+    /// After a panic unwound [`run`](Self::run): says so, then waits the back-off. `Err`:
+    /// shut down meanwhile.
+    async fn recover(&mut self, message: String) -> Result<(), ()> {
+        // The term, if there was one, was cancelled by its guard as the panic unwound.
+        let term = self.status.borrow().term.clone();
+        let reason = DemotionReason::CampaignPanicked;
+        self.status.send_modify(|s| {
+            s.term = None;
+            if term.is_some() {
+                s.last_demotion = Some(reason);
+            }
+        });
+        ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
+        if let Some(term) = term {
+            ::metrics::counter!(
+                metrics::DEMOTIONS,
+                self.labels_base_with("reason", reason.as_str())
+            )
+            .increment(1);
+            self.subscribers.send(&LeadershipEvent::Demoted {
+                fencing_token: term.fencing_token(),
+                reason,
+                stop_by: term.stop_by(),
+            });
+            self.leaderless_since = Some(Instant::now());
+        }
+        let delay = self.failed(&Error::CampaignPanicked { message });
+        self.cool_down(delay).await
+    }
+
+    async fn run(&mut self) {
         tracing::info!("campaign started");
         // Exported from the start: a follower that never led says 0, not nothing.
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);

@@ -97,6 +97,14 @@ pub enum Error {
     /// A wait did not finish within its limit.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The campaign's task panicked. It is a bug (in this crate, or in code it calls such as
+    /// a `tracing` subscriber): the campaign ended the term, reports this in its status, and
+    /// campaigns again after a back-off.
+    #[error("the campaign's task panicked ({message}); campaigning again after a back-off")]
+    CampaignPanicked {
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl Error {

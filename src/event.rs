@@ -57,6 +57,10 @@ pub enum DemotionReason {
     RenewDeadlineExceeded,
     /// The connection to the store was lost for longer than the session can survive.
     ConnectionLost,
+    /// The campaign's task panicked (a bug, in this crate or in code it calls, such as a
+    /// `tracing` subscriber). The term was ended as the panic unwound; the campaign reports
+    /// the panic in [`Status::problem`] and campaigns again after a back-off.
+    CampaignPanicked,
 }
 
 impl DemotionReason {
@@ -72,6 +76,7 @@ impl DemotionReason {
             DemotionReason::LockTaken => "lock_taken",
             DemotionReason::RenewDeadlineExceeded => "renew_deadline_exceeded",
             DemotionReason::ConnectionLost => "connection_lost",
+            DemotionReason::CampaignPanicked => "campaign_panicked",
         }
     }
 
@@ -243,6 +248,7 @@ impl Status {
 pub(crate) fn queue<T>() -> (QueueSender<T>, QueueReceiver<T>) {
     let shared = Arc::new(std::sync::Mutex::new(QueueState {
         items: std::collections::VecDeque::new(),
+        dropped: 0,
         senders: 1,
         receiver: true,
         waker: None,
@@ -257,6 +263,8 @@ pub(crate) fn queue<T>() -> (QueueSender<T>, QueueReceiver<T>) {
 
 struct QueueState<T> {
     items: std::collections::VecDeque<T>,
+    /// Items dropped by [`QueueSender::send_bounded`].
+    dropped: u64,
     senders: usize,
     receiver: bool,
     waker: Option<std::task::Waker>,
@@ -287,9 +295,19 @@ impl<T> fmt::Debug for QueueReceiver<T> {
 impl<T> QueueSender<T> {
     /// Queues `item`; gives it back if the receiver is gone.
     pub(crate) fn send(&self, item: T) -> Result<(), T> {
+        self.send_bounded(item, usize::MAX)
+    }
+
+    /// Queues `item`, dropping the oldest item first while `capacity` are queued (counted,
+    /// see [`QueueReceiver::dropped`]); gives it back if the receiver is gone.
+    pub(crate) fn send_bounded(&self, item: T, capacity: usize) -> Result<(), T> {
         let mut state = crate::backend::lock(&self.shared);
         if !state.receiver {
             return Err(item);
+        }
+        while state.items.len() >= capacity.max(1) {
+            state.items.pop_front();
+            state.dropped += 1;
         }
         state.items.push_back(item);
         let waker = state.waker.take();
@@ -326,6 +344,11 @@ impl<T> Drop for QueueSender<T> {
 }
 
 impl<T> QueueReceiver<T> {
+    /// How many items [`QueueSender::send_bounded`] dropped unread.
+    pub(crate) fn dropped(&self) -> u64 {
+        crate::backend::lock(&self.shared).dropped
+    }
+
     /// The next item; `None` once the queue is empty and every sender is gone.
     pub(crate) fn poll_recv(
         &mut self,
@@ -379,6 +402,18 @@ mod tests {
         tokio::task::yield_now().await;
         drop(other);
         assert_eq!(waiting.await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_bounded_queue_keeps_the_newest_and_counts_what_it_dropped() {
+        let (tx, mut rx) = queue();
+        for i in 0..10 {
+            tx.send_bounded(i, 3).unwrap();
+        }
+        assert_eq!(rx.dropped(), 7);
+        assert_eq!(rx.recv().await, Some(7));
+        assert_eq!(rx.recv().await, Some(8));
+        assert_eq!(rx.recv().await, Some(9));
     }
 
     #[test]

@@ -221,7 +221,7 @@ pub mod time;
 pub mod url;
 
 pub use backend::{Candidate, FencingToken, Leader};
-pub use campaign::{Campaign, CampaignHandle, Events};
+pub use campaign::{Campaign, CampaignHandle, EVENT_QUEUE_CAPACITY, Events};
 pub use election::{Election, ElectionBuilder, OnWorkerExit, WorkerOutcome};
 pub use error::{Error, Result};
 pub use event::{DemotionReason, LeadershipEvent, Problem, Role, Status};

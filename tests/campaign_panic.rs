@@ -1,16 +1,15 @@
 //! A panic in a campaign's task (here: a `tracing` subscriber that panics) ends its term,
-//! says stopped, and ends the event stream. In a file of its own: it installs the process's
-//! global subscriber.
+//! is reported (a `Demoted` event, the status's problem), and the campaign goes on: it never
+//! dies silently. In a file of its own: it installs the process's global subscriber.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use incumbent::memory::MemoryBackend;
-use incumbent::{Election, Error, Role};
-use tokio::time::timeout;
+use incumbent::{DemotionReason, Election, Error, Role};
 
 mod support;
-use support::events::elected;
+use support::events::{demoted, elected};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -45,7 +44,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOn {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_panic_in_the_campaign_task_ends_the_term_and_the_stream() {
+async fn a_panic_in_the_campaign_task_ends_the_term_is_reported_and_the_campaign_goes_on() {
     use tracing_subscriber::layer::SubscriberExt;
     // The process's only subscriber (this file holds one test): the campaign's task logs
     // through it. A thread-local default would race with tracing's callsite interest cache.
@@ -59,14 +58,31 @@ async fn a_panic_in_the_campaign_task_ends_the_term_and_the_stream() {
     let status = a.status();
     // Elected is sent just before "leader changed" is logged, which panics.
     let term = elected(&mut a, TTL).await;
-    let ended = timeout(TTL, async { while a.recv().await.is_some() {} }).await;
-    assert!(ended.is_ok(), "the event stream ends with the campaign");
-    assert!(
-        term.is_cancelled(),
-        "the term ends with the task that owned it"
+    assert_eq!(
+        demoted(&mut a, TTL).await,
+        DemotionReason::CampaignPanicked,
+        "the panic is reported as the term's end"
     );
+    assert!(term.is_cancelled(), "the term ends with the panic");
     assert!(term.stop_by().is_some(), "as an involuntary loss");
-    assert_eq!(status.borrow().role, Role::Stopped);
     assert!(!status.borrow().is_leader());
-    assert!(matches!(a.resign().await, Err(Error::Stopped)));
+    let problem = status
+        .borrow()
+        .problem
+        .clone()
+        .expect("a problem is reported");
+    assert!(
+        problem.message.contains("panicked") && problem.message.contains("leader changed"),
+        "the problem names the panic: {}",
+        problem.message
+    );
+    // The campaign goes on: it leads again, with a greater token, and answers commands.
+    let again = elected(&mut a, TTL * 4).await;
+    assert!(again.fencing_token() > term.fencing_token());
+    assert!(status.borrow().is_leader());
+    a.resign().await.expect("resign");
+    let handle = a.handle();
+    a.shutdown().await.expect("shutdown");
+    assert_eq!(status.borrow().role, Role::Stopped);
+    assert!(matches!(handle.resign().await, Err(Error::Stopped)));
 }

@@ -871,3 +871,35 @@ async fn a_proclaim_the_store_never_answers_does_not_hold_off_self_fencing() {
         "a's metadata is b's business only"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_unread_event_queue_keeps_the_newest_events_and_counts_the_rest() {
+    // A campaign whose events nobody reads: each resign is a term that begins and ends, a few
+    // events each. The queue keeps the newest EVENT_QUEUE_CAPACITY and counts what it drops.
+    let store = MemoryBackend::new();
+    let campaign = election(&store, "a").campaign();
+    let status = campaign.status();
+    let handle = campaign.handle();
+    let terms = incumbent::EVENT_QUEUE_CAPACITY / 2;
+    for _ in 0..terms {
+        let mut watching = status.clone();
+        timeout(TTL * 4, watching.wait_for(|s| s.is_leader()))
+            .await
+            .expect("leads again")
+            .expect("the campaign lives");
+        handle.resign().await.expect("resign");
+    }
+    let missed = campaign.missed_events();
+    assert!(missed > 0, "more events than the capacity were sent");
+    let mut campaign = campaign;
+    handle.shutdown().await.expect("shutdown");
+    let mut kept = 0;
+    while campaign.recv().await.is_some() {
+        kept += 1;
+    }
+    assert!(
+        kept <= incumbent::EVENT_QUEUE_CAPACITY + 4,
+        "{kept} events were kept unread"
+    );
+    assert!(missed + kept as u64 >= (terms * 2) as u64);
+}

@@ -33,6 +33,16 @@
 //!   missing) and `add` the key with the candidate ([`Leader`](crate::Leader) as JSON, with
 //!   the new token and a random owner id) and an expiry. `add` succeeds for one candidate
 //!   only; the others skipped a token, which is harmless.
+//! - **Settle.** The acquisition is three requests, not one atomic step: a candidate whose
+//!   `add` came late (a pause, a retransmit) could otherwise lead with a token lower than one
+//!   given to a term that began and ended in between. So after the `add`, the counter is read
+//!   again: if it moved past our token, a new token is taken with `incr` and written into the
+//!   key with a checked write (`gets` + `cas`) before the term begins. Tokens above
+//!   [`MAX_TOKEN`] (memcached's `incr` wraps at 2^64, and anyone can write the counter: the
+//!   store has no authentication) are refused with a typed error, never used.
+//! - **Lost answers.** An `add` (or a proclaim) whose answer was lost may still have run:
+//!   the next attempt finds its own owner id in the key and adopts it (after a settle and a
+//!   renewal), and renewals accept a late proclaim's value as ours.
 //! - **One renewal per process.** A session is local to the process: a random id, and the
 //!   keys its elections hold. Every renew interval, one multi-key `gets` reads every held
 //!   key, and a `cas` per key whose value is still ours rewrites it with a fresh expiry. A

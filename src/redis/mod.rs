@@ -91,13 +91,46 @@
 //!
 //! # The fencing token
 //!
-//! The value of the election's counter after the acquisition's `INCR`. It only grows as long
-//! as Redis keeps the counter. When a restart or failover lost it, the counter would start
-//! again from 1: to keep tokens growing anyway, every acquisition passes the highest token
-//! this [`RedisBackend`] has seen for the election (its own terms, and the holders it read),
-//! and the script raises the counter to it before the `INCR`. That protects against a
-//! counter that went back as long as some candidate that saw the last token takes the next
-//! term; a downstream store must still reject tokens lower than the highest it saw.
+//! The acquisition's script sets the election's counter to the greatest of: the counter + 1,
+//! the **Redis server's clock** in milliseconds (`TIME`), and the highest token this
+//! [`RedisBackend`] has seen for the election + 1; that value is the term's token. So tokens
+//! never go back, even when Redis forgot the counter (a restart without persistence, a
+//! failover to a replica that missed the last write, `FLUSHALL`) and the next leader is a
+//! process that never saw the earlier tokens (a deploy, `incumbent run`): a token is at least
+//! the server's clock when its term began, and a term that follows began later.
+//!
+//! What this covers, and what not:
+//!
+//! - Covered: any loss of the counter, on one server or after a failover, as long as the
+//!   clock of the server that hands out the next token is not behind the clock of the one
+//!   that handed out the last by more than the time between the two terms' starts.
+//! - Not covered: a server clock stepped back (by hand, or NTP stepping rather than slewing)
+//!   past the last term's start, or a failover to a replica whose clock is that far behind.
+//!   Keep the servers' clocks in sync (NTP slews small offsets).
+//! - Tokens run ahead of the clock only by the number of terms that began within the same
+//!   millisecond, so they stay close to the Unix time in milliseconds: 13 digits today.
+//! - Tokens stay at or below [`MAX_TOKEN`] (2^53 − 1), exact in Lua's doubles and in JSON
+//!   readers that use doubles. A counter above it (corrupt or hostile: Redis has no typed
+//!   keys) is refused with a typed error; so is a leader's token above it, which is never
+//!   taken as a floor.
+//! - A downstream store must still reject tokens lower than the highest it saw: that is
+//!   what stops a leader that has not yet noticed its loss.
+//!
+//! After Redis lost its data, the old leader may not know yet that its key is gone: it finds
+//! out at its next renewal (a third of the ttl). Where this process saw the earlier token
+//! (the counter is now missing or below it), the new term is also *delayed* by a ttl, so the
+//! two do not overlap at all; a process that saw nothing leads at once, and the overlap is
+//! then bounded by the old leader's renewal interval, with the fencing token refusing the old
+//! leader's writes throughout.
+//!
+//! # Lost answers
+//!
+//! A request whose answer was lost (a timeout, a frozen server that thaws) may still run.
+//! An acquisition that ran without our knowing leaves the key naming this candidate: the
+//! next attempt finds its own owner id in it and adopts it (renewing it first), so the key
+//! never names a non-leader for longer than the retry back-off; a campaign that stops instead
+//! deletes it. A proclaim that ran late is accepted by the renewals as ours (they renew
+//! either value until they find one), never mistaken for the lock being taken.
 //!
 //! When a leader's key vanishes and the counter is gone or below its token,
 //! [`explain`](crate::backend::Contender::explain) reports the loss as
