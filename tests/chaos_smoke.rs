@@ -96,6 +96,13 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             false,
             vec![Fault::Kill9, Fault::StorePause, Fault::Sigterm],
         ),
+        // Redis without persistence: a restart forgets the lock and the counter, and the
+        // next token must still be the highest (seeded from the server's clock).
+        (
+            Backend::RedisVolatile,
+            false,
+            vec![Fault::StoreRestart, Fault::StoreRestart, Fault::Kill9],
+        ),
         // A restart that loses the lock and the counter: the fence must refuse every stale
         // write.
         (

@@ -31,10 +31,16 @@ pub struct FaultRecord {
     /// term, and only the fence protects the resource).
     pub freezes_supervisor: bool,
     /// Whether the fault made the store lose the lock and the fencing counter (a memcached
-    /// restart): then terms may overlap and tokens may go back, and only the fence protects
-    /// the resource.
+    /// restart, a Redis restart without persistence): then the old leader learns of its loss
+    /// only at its next renewal, so terms may overlap, by at most
+    /// [`lost_data_overlap_ms`](Self::lost_data_overlap_ms). Tokens must still grow.
     #[serde(default)]
     pub store_lost_data: bool,
+    /// The longest overlap allowed after the store lost its data: the candidates' renewal
+    /// interval plus a margin for the renewal's answer and the kill (0 in older histories:
+    /// none allowed).
+    #[serde(default)]
+    pub lost_data_overlap_ms: u64,
     /// When it began (CLOCK_MONOTONIC ns).
     pub inject_ns: u64,
     /// When it was lifted.
@@ -61,6 +67,7 @@ impl FaultRecord {
             token,
             freezes_supervisor: false,
             store_lost_data: false,
+            lost_data_overlap_ms: 0,
             inject_ns: 0,
             heal_ns: 0,
             settled_ns: None,
@@ -297,49 +304,28 @@ pub fn check(history: &History) -> Verdict {
     verdict
 }
 
-/// How many faults that made the store lose its data began at or before `at_ns`: tokens are
-/// compared within one such epoch only.
-fn epoch(faults: &[FaultRecord], at_ns: u64) -> usize {
-    faults
-        .iter()
-        .filter(|f| f.store_lost_data && f.inject_ns <= at_ns)
-        .count()
-}
-
 /// Tokens never shared between two workers and strictly growing in the order terms began,
-/// within each epoch of the store's data; a token that went back across a fault that lost
-/// the store's data is a note (the fence must refuse its writes), not a violation.
+/// across every fault, those that made the store lose its data included: a store that forgets
+/// its counter must still hand out a greater token (seeded from the clock).
 fn check_tokens(history: &History, verdict: &mut Verdict) {
-    let mut owners: HashMap<(usize, u64), i32> = HashMap::new();
+    let mut owners: HashMap<u64, i32> = HashMap::new();
     let mut previous: Option<&Worker> = None;
     for worker in &history.workers {
         let kind = kind_at(&history.faults, worker.start_ns);
-        let era = epoch(&history.faults, worker.start_ns);
-        if let Some(prev) = previous
-            && era != epoch(&history.faults, prev.start_ns)
-        {
-            if worker.token <= prev.token {
-                verdict
-                    .stats
-                    .entry(kind.clone())
-                    .or_default()
-                    .lost_data_tokens += 1;
-                verdict.notes.push(format!(
-                    "{kind}: the store lost its data; token went from {} (worker {}) to {}                      (worker {})",
-                    prev.token, prev.pid, worker.token, worker.pid
-                ));
+        let lost_data = history
+            .faults
+            .iter()
+            .any(|f| f.store_lost_data && f.inject_ns <= worker.start_ns);
+        let mut violation = |line: String| {
+            let stats = verdict.stats.entry(kind.clone()).or_default();
+            stats.token_violations += 1;
+            if lost_data {
+                stats.lost_data_tokens += 1;
             }
-            previous = Some(worker);
-            owners.insert((era, worker.token), worker.pid);
-            continue;
-        }
-        if let Some(other) = owners.insert((era, worker.token), worker.pid) {
-            verdict
-                .stats
-                .entry(kind.clone())
-                .or_default()
-                .token_violations += 1;
-            verdict.violations.push(format!(
+            verdict.violations.push(line);
+        };
+        if let Some(other) = owners.insert(worker.token, worker.pid) {
+            violation(format!(
                 "token {} shared by workers {other} and {} (after {kind})",
                 worker.token, worker.pid
             ));
@@ -347,12 +333,7 @@ fn check_tokens(history: &History, verdict: &mut Verdict) {
         if let Some(prev) = previous
             && worker.token <= prev.token
         {
-            verdict
-                .stats
-                .entry(kind.clone())
-                .or_default()
-                .token_violations += 1;
-            verdict.violations.push(format!(
+            violation(format!(
                 "token went from {} (worker {}) to {} (worker {}) (after {kind})",
                 prev.token, prev.pid, worker.token, worker.pid
             ));
@@ -400,10 +381,21 @@ fn check_overlaps(history: &History, verdict: &mut Verdict) {
                 stats.frozen_overlaps += 1;
                 verdict.notes.push(line);
             } else if lost_data {
+                // The old leader learns of the loss at its next renewal: the overlap is
+                // reported with its length, and past the renewal interval it is a violation.
                 stats.lost_data_overlaps += 1;
-                verdict
-                    .notes
-                    .push(format!("the store lost its data: {line}"));
+                let limit = fault.map_or(0, |f| f.lost_data_overlap_ms);
+                if overlap > limit as f64 {
+                    stats.overlaps += 1;
+                    verdict.violations.push(format!(
+                        "overlapping terms after the store lost its data, longer than the \
+                         renewal interval ({limit} ms): {line}"
+                    ));
+                } else {
+                    verdict
+                        .notes
+                        .push(format!("the store lost its data: {line}"));
+                }
             } else {
                 stats.overlaps += 1;
                 verdict

@@ -64,12 +64,15 @@ pub enum Backend {
     /// One Redis server with `appendonly yes` and `appendfsync always`: a restart keeps the
     /// lock key and the fencing counter.
     Redis,
+    /// One Redis server without persistence (`--save ''`, no AOF): a restart loses the lock
+    /// key and the fencing counter, and tokens must still grow (seeded from its clock).
+    RedisVolatile,
     /// One memcached: a restart loses the lock and the fencing counter (best effort).
     Memcached,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 8] = [
+    pub const ALL: [Backend; 9] = [
         Backend::Memory,
         Backend::File,
         Backend::Etcd,
@@ -77,6 +80,7 @@ impl Backend {
         Backend::Consul,
         Backend::Zookeeper,
         Backend::Redis,
+        Backend::RedisVolatile,
         Backend::Memcached,
     ];
 
@@ -89,15 +93,16 @@ impl Backend {
             Backend::Consul => "consul",
             Backend::Zookeeper => "zookeeper",
             Backend::Redis => "redis",
+            Backend::RedisVolatile => "redis-volatile",
             Backend::Memcached => "memcached",
         }
     }
 
-    /// Whether a restart of the store loses the lock and the fencing counter (memcached):
-    /// then two terms may overlap and a token may go back, and only the fence protects the
-    /// resource (the checker still counts stale writes accepted, which must be 0).
+    /// Whether a restart of the store loses the lock and the fencing counter (memcached,
+    /// Redis without persistence): then two terms may overlap for up to a renewal interval,
+    /// and tokens must still grow (the checker counts both, and stale writes accepted).
     pub fn restart_loses_data(self) -> bool {
-        self == Backend::Memcached
+        matches!(self, Backend::Memcached | Backend::RedisVolatile)
     }
 
     /// The candidates' `--ttl`. Consul's smallest session ttl is 10 s.
@@ -108,6 +113,7 @@ impl Backend {
             | Backend::EtcdCluster
             | Backend::Zookeeper
             | Backend::Redis
+            | Backend::RedisVolatile
             | Backend::Memcached => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
@@ -128,7 +134,7 @@ impl Backend {
             Backend::Etcd | Backend::EtcdCluster | Backend::Zookeeper | Backend::Redis => {
                 self.ttl() + Duration::from_secs(2)
             }
-            Backend::Memcached => self.ttl() * 2 + Duration::from_secs(2),
+            Backend::Memcached | Backend::RedisVolatile => self.ttl() * 2 + Duration::from_secs(2),
             Backend::Consul => self.ttl() * 2 + Duration::from_secs(5),
         }
     }
@@ -158,6 +164,7 @@ impl Backend {
             | Backend::Consul
             | Backend::Zookeeper
             | Backend::Redis
+            | Backend::RedisVolatile
             | Backend::Memcached => Fault::ALL[..9].to_vec(),
             Backend::EtcdCluster => vec![
                 Fault::Kill9,
@@ -380,7 +387,8 @@ impl Store {
             Backend::EtcdCluster => Store::Cluster(EtcdCluster::three().await),
             Backend::Consul => Store::Consul(ConsulServer::start().await),
             Backend::Zookeeper => Store::Zookeeper(ZookeeperServer::single().await),
-            Backend::Redis => Store::Redis(RedisServer::start().await),
+            Backend::Redis => Store::Redis(RedisServer::start(true).await),
+            Backend::RedisVolatile => Store::Redis(RedisServer::start(false).await),
             Backend::Memcached => Store::Memcached(MemcachedServer::start().await),
         }
     }
@@ -473,12 +481,15 @@ struct RedisServer {
 }
 
 impl RedisServer {
-    async fn start() -> RedisServer {
+    /// A server on a free loopback port; `persistent`: an append-only file synced at every
+    /// write, else no persistence at all (a restart forgets everything).
+    async fn start(persistent: bool) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("incumbent-chaos-redis-")
             .tempdir()
             .expect("create a redis temp dir");
         let addr = free_addr();
+        let appendonly = if persistent { "yes" } else { "no" };
         let args: Vec<String> = vec![
             "--port".into(),
             addr.port().to_string(),
@@ -487,7 +498,7 @@ impl RedisServer {
             "--save".into(),
             String::new(),
             "--appendonly".into(),
-            "yes".into(),
+            appendonly.into(),
             "--appendfsync".into(),
             "always".into(),
             "--dir".into(),
@@ -1035,9 +1046,16 @@ impl Faulty for World {
     }
 
     fn record(&self, fault: Fault, leader: &Seen) -> FaultRecord {
+        /// Beyond the renewal interval, what an overlap after a store lost its data may last:
+        /// the renewal's round trip and the supervisor's kill.
+        const LOST_DATA_OVERLAP_MARGIN_MS: u64 = 250;
         FaultRecord {
             freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
             store_lost_data: fault == Fault::StoreRestart && self.backend.restart_loses_data(),
+            // The candidates renew every ttl / 3; the answer and the kill take a moment more.
+            lost_data_overlap_ms: u64::try_from((self.backend.ttl() / 3).as_millis())
+                .unwrap_or(u64::MAX)
+                + LOST_DATA_OVERLAP_MARGIN_MS,
             ..FaultRecord::new(fault, leader.supervisor, leader.pid, leader.token)
         }
     }
