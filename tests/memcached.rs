@@ -10,7 +10,7 @@ use incumbent::backend::{Backend, SessionOptions, Wakeup};
 use incumbent::memcached::MemcachedBackend;
 use incumbent::{DemotionReason, Election, Error};
 use support::MemcachedServer;
-use support::events::{demoted, elected};
+use support::events::{demoted, elected, problem};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
@@ -301,17 +301,7 @@ async fn a_counter_at_the_top_of_memcacheds_range_is_refused_not_wrapped() {
     let backend = connect(&server).await;
     let mut a = election(&backend, name, "a").campaign();
     let status = a.status();
-    let problem = tokio::time::timeout(PATIENCE, async {
-        let mut status = status.clone();
-        loop {
-            if let Some(problem) = status.borrow_and_update().problem.clone() {
-                return problem.message;
-            }
-            status.changed().await.expect("the campaign lives");
-        }
-    })
-    .await
-    .expect("a problem is reported");
+    let problem = problem(&status, PATIENCE).await;
     assert!(
         problem.contains("corrupt or hostile"),
         "the problem names the bad value: {problem}"

@@ -11,7 +11,7 @@ use incumbent::backend::{Backend, Wakeup};
 use incumbent::redis::{Notifications, RedisBackend, RedisConfig};
 use incumbent::{DemotionReason, Election};
 use support::RedisServer;
-use support::events::{demoted, elected};
+use support::events::{demoted, elected, problem};
 use tokio::time::Instant;
 
 /// The ttl of most tests.
@@ -284,17 +284,7 @@ async fn a_counter_beyond_two_to_the_53_is_refused_not_rounded() {
     let backend = connect(server.addr(), Notifications::Off).await;
     let mut a = election(&backend, "hostile", "a").campaign();
     let status = a.status();
-    let problem = tokio::time::timeout(PATIENCE, async {
-        let mut status = status.clone();
-        loop {
-            if let Some(problem) = status.borrow_and_update().problem.clone() {
-                return problem.message;
-            }
-            status.changed().await.expect("the campaign lives");
-        }
-    })
-    .await
-    .expect("a problem is reported");
+    let problem = problem(&status, PATIENCE).await;
     assert!(problem.contains("corrupt or hostile"), "{problem}");
     assert!(!status.borrow().is_leader());
     let _: () = redis::cmd("DEL")
@@ -414,4 +404,60 @@ fn credentials_in_an_address_never_reach_debug() {
     assert!(!shown.contains("s3cret"), "{shown}");
     assert!(shown.contains("cache.internal"), "{shown}");
     assert!(shown.contains("6380"), "{shown}");
+}
+
+/// `GET key` on the server at `addr`, as an operator.
+async fn get(addr: SocketAddr, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut operator(addr).await)
+        .await
+        .expect("get")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_to_a_replica_that_missed_the_last_term_tokens_still_grow() {
+    // A primary and its replica. The replica is cut from the primary (promoted early, as an
+    // asynchronous failover would find it) and misses the last term's counter; the primary
+    // dies. A process that never saw the last token must still get a greater one.
+    let mut primary = RedisServer::start().await;
+    let replica = RedisServer::replica_of(primary.addr()).await;
+    let counter = "incumbent/failover:fencing";
+    let term = |addr: SocketAddr, id: &'static str| async move {
+        let backend = connect(addr, Notifications::Off).await;
+        let mut campaign = election(&backend, "failover", id).campaign();
+        let token = elected(&mut campaign, PATIENCE).await.fencing_token();
+        campaign.shutdown().await.expect("shutdown");
+        token
+    };
+    let first = term(primary.addr(), "a").await;
+    let replicated = tokio::time::timeout(PATIENCE, async {
+        while get(replica.addr(), counter).await != Some(first.to_string()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        replicated.is_ok(),
+        "the replica never caught up with token {first}"
+    );
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut operator(replica.addr()).await)
+        .await
+        .expect("promote the replica");
+    let second = term(primary.addr(), "b").await;
+    assert!(second > first);
+    primary.process().kill9();
+    assert_eq!(
+        get(replica.addr(), counter).await,
+        Some(first.to_string()),
+        "the promoted replica missed the last term's counter"
+    );
+    let third = term(replica.addr(), "c").await;
+    assert!(
+        third > second,
+        "after the failover the token went from {second} to {third}"
+    );
 }

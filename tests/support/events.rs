@@ -94,3 +94,21 @@ pub async fn elected_within<S: EventSource>(source: &mut S, limit: Duration) -> 
     .await
     .unwrap_or(false)
 }
+
+/// The message of the first problem the status reports, within `limit`.
+pub async fn problem(
+    status: &tokio::sync::watch::Receiver<incumbent::Status>,
+    limit: Duration,
+) -> String {
+    let mut status = status.clone();
+    let found = timeout(limit, async {
+        loop {
+            if let Some(problem) = status.borrow_and_update().problem.clone() {
+                return problem.message;
+            }
+            status.changed().await.expect("the campaign lives");
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("no problem reported within {limit:?}"))
+}

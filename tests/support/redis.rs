@@ -63,6 +63,18 @@ impl TextServer<Redis> {
         (server, files.expect("the certificates were made"))
     }
 
+    /// Starts a replica of the server at `primary` (`--replicaof`), without persistence.
+    pub async fn replica_of(primary: SocketAddr) -> Self {
+        Self::spawn_with("", |args, _| {
+            args.extend([
+                "--replicaof".into(),
+                primary.ip().to_string(),
+                primary.port().to_string(),
+            ]);
+        })
+        .await
+    }
+
     async fn redis(notifications: Option<&str>) -> Self {
         Self::spawn_with(notifications.unwrap_or(""), |_, _| {}).await
     }
