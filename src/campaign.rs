@@ -345,7 +345,7 @@ impl<F: Future + Unpin> Future for CatchUnwind<F> {
 }
 
 /// The message of a panic's payload.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
@@ -1138,10 +1138,10 @@ impl<B: Backend> Engine<B> {
         self.failures = self.failures.saturating_add(1);
         tracing::warn!(%error, retry_in = ?delay, "campaign step failed");
         self.status.send_modify(|s| match &mut s.problem {
-            Some(problem) => problem.message = error.to_string(),
+            Some(problem) => problem.message = format!("{error}; retrying in {delay:.1?}"),
             None => {
                 s.problem = Some(Problem {
-                    message: error.to_string(),
+                    message: format!("{error}; retrying in {delay:.1?}"),
                     since: Instant::now(),
                     since_wall: SystemTime::now(),
                 })

@@ -6,22 +6,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until};
-
+use crate::Result;
 use crate::backend::{Backend, Leader};
 use crate::campaign::{self, Campaign};
 use crate::config::{Backoff, Config, Draft};
-use crate::event::{DemotionReason, LeadershipEvent};
+use crate::event::{Demotion, LeadershipEvent};
+use crate::runner::{self, Runner};
 use crate::term::Term;
-use crate::{Error, Result};
 
 type Callback<T> = Arc<dyn Fn(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 #[derive(Clone, Default)]
 struct Callbacks {
     elected: Option<Callback<Term>>,
-    demoted: Option<Callback<DemotionReason>>,
+    demoted: Option<Callback<Demotion>>,
     leader_changed: Option<Callback<Option<Arc<Leader>>>>,
 }
 
@@ -179,11 +177,12 @@ impl<B: Backend> ElectionBuilder<B> {
         self
     }
 
-    /// Called with the reason each time this candidate's term ends (after its token was
-    /// cancelled). See [`on_elected`](Self::on_elected) for how callbacks run.
+    /// Called each time this candidate's term ends (after its token was cancelled), with the
+    /// whole [`Demotion`]: the term's token, the reason, and the `stop_by` of an involuntary
+    /// loss. See [`on_elected`](Self::on_elected) for how callbacks run.
     pub fn on_demoted<F, Fut>(mut self, f: F) -> Self
     where
-        F: Fn(DemotionReason) -> Fut + Send + Sync + 'static,
+        F: Fn(Demotion) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.callbacks.demoted = Some(Arc::new(move |r| Box::pin(f(r))));
@@ -270,6 +269,23 @@ impl<B: Backend> Election<B> {
         &self.backend
     }
 
+    /// Who leads this election now, as the store says, without campaigning: one read through
+    /// the backend's [`Observer`](crate::backend::Observer). `None` while nobody leads.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+    /// use incumbent::{Election, memory::MemoryBackend};
+    ///
+    /// let election = Election::builder(MemoryBackend::new(), "scheduler").build()?;
+    /// assert!(election.leader().await?.is_none());
+    /// # Ok(()) }
+    /// ```
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        use crate::backend::Observer as _;
+        let mut observer = self.backend.observe(&self.config.name).await?;
+        observer.next().await
+    }
+
     /// Starts campaigning, and returns the running [`Campaign`]. Must be called from within
     /// a tokio runtime. Each call starts an independent campaign (with its own session).
     pub fn campaign(&self) -> Campaign {
@@ -285,9 +301,18 @@ impl<B: Backend> Election<B> {
                                     f(term).await;
                                 }
                             }
-                            LeadershipEvent::Demoted { reason, .. } => {
+                            LeadershipEvent::Demoted {
+                                fencing_token,
+                                reason,
+                                stop_by,
+                            } => {
                                 if let Some(f) = &callbacks.demoted {
-                                    f(reason).await;
+                                    f(Demotion {
+                                        fencing_token,
+                                        reason,
+                                        stop_by,
+                                    })
+                                    .await;
                                 }
                             }
                             LeadershipEvent::LeaderChanged(leader) => {
@@ -347,151 +372,59 @@ impl<B: Backend> Election<B> {
     ///     .await?;
     /// # Ok(()) }
     /// ```
-    pub async fn run_until<W, Fut, S>(&self, mut worker: W, shutdown: S) -> Result<()>
+    pub async fn run_until<W, Fut, S>(&self, worker: W, shutdown: S) -> Result<()>
     where
         W: FnMut(Term) -> Fut + Send,
         Fut: Future + Send + 'static,
         Fut::Output: WorkerOutcome,
         S: Future<Output = ()> + Send,
     {
-        let mut campaign = self.campaign();
-        let handle = campaign.handle();
-        let grace = self.config.grace;
-        tokio::pin!(shutdown);
-        let mut running: Option<Worker> = None;
-        loop {
-            // Biased, so that a run is deterministic under a simulated clock: a term's end
-            // first, then the campaign's events, then the shutdown.
-            tokio::select! {
-                biased;
-                news = worker_news(&mut running) => {
-                    let Some(worker) = running.take() else { continue };
-                    let outcome = match news {
-                        // The term ended: the worker was told by its token; stop it in time.
-                        WorkerNews::TermEnded => {
-                            worker.stop(grace).await;
-                            continue;
-                        }
-                        WorkerNews::Exited(Ok(outcome)) => outcome,
-                        WorkerNews::Exited(Err(e)) if e.is_panic() => {
-                            Err(format!("panicked: {}", panic_message(e)))
-                        }
-                        WorkerNews::Exited(Err(e)) => Err(e.to_string()),
-                    };
-                    let reason = match &outcome {
-                        Ok(()) => {
-                            tracing::info!("the worker returned while leader");
-                            DemotionReason::WorkerExited
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "the worker failed while leader");
-                            DemotionReason::WorkerFailed
-                        }
-                    };
-                    match self.on_worker_exit {
-                        OnWorkerExit::Resign => handle.resign_because(reason).await?,
-                        OnWorkerExit::Stop => {
-                            handle.resign_because(reason).await?;
-                            campaign.shutdown().await?;
-                            return outcome.map_err(Error::Worker);
-                        }
-                    }
-                },
-                event = campaign.recv() => match event {
-                    Some(LeadershipEvent::Elected(term)) => {
-                        let guard = term.hold();
-                        let work = worker(term.clone());
-                        let task = tokio::spawn(async move {
-                            let _guard = guard;
-                            work.await.into_result()
-                        });
-                        running = Some(Worker { task, term });
-                    }
-                    Some(LeadershipEvent::Demoted { .. } | LeadershipEvent::LeaderChanged(_)) => {}
-                    None => {
-                        // The campaign ended by itself (its task failed): its term, if any,
-                        // was ended with it.
-                        if let Some(worker) = running.take() {
-                            worker.stop(grace).await;
-                        }
-                        return Err(Error::Stopped);
-                    }
-                },
-                () = &mut shutdown => {
-                    let stopping = handle.shutdown();
-                    match running.take() {
-                        Some(worker) => {
-                            let (stopped, ()) = tokio::join!(stopping, worker.stop(grace));
-                            stopped?;
-                        }
-                        None => stopping.await?,
-                    }
-                    return Ok(());
-                }
-            }
-        }
-    }
-}
-
-/// The worker of one term.
-struct Worker {
-    task: JoinHandle<std::result::Result<(), String>>,
-    term: Term,
-}
-
-/// What became of the running worker.
-enum WorkerNews {
-    /// Its term ended (the worker may still be running).
-    TermEnded,
-    /// It ended by itself while its term lasted.
-    Exited(std::result::Result<std::result::Result<(), String>, tokio::task::JoinError>),
-}
-
-/// The next news of the running worker; pending while none runs.
-async fn worker_news(running: &mut Option<Worker>) -> WorkerNews {
-    let Some(worker) = running else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        biased;
-        () = worker.term.cancelled() => WorkerNews::TermEnded,
-        joined = &mut worker.task => WorkerNews::Exited(joined),
-    }
-}
-
-impl Worker {
-    /// Waits for the worker of an ended term to return, then aborts it: after the grace, or
-    /// at the term's [`stop_by`](Term::stop_by) if that comes first (an involuntary loss,
-    /// where the store may hand the lock on), or when [`Term::must_stop`] says so (renewals
-    /// stopped while a voluntarily ended term winds down).
-    async fn stop(mut self, grace: Duration) {
-        let mut until = Instant::now() + grace;
-        if let Some(stop_by) = self.term.stop_by() {
-            until = until.min(stop_by);
-        }
-        let stopped = tokio::select! {
-            joined = &mut self.task => { let _ = joined; true }
-            () = sleep_until(until) => false,
-            // The lease is about to lapse while the worker winds down (renewals stopped).
-            () = self.term.must_stop() => false,
+        let policy = runner::Policy {
+            grace: self.config.grace,
+            on_worker_exit: self.on_worker_exit,
         };
-        if !stopped {
-            self.task.abort();
-            let _ = (&mut self.task).await;
-            tracing::warn!(
-                ?grace,
-                stop_by = ?self.term.stop_by().map(|at| at.saturating_duration_since(Instant::now())),
-                "the worker did not stop after its term ended; aborted it"
-            );
-        }
+        runner::drive(self.campaign(), worker, shutdown, policy).await
     }
-}
 
-fn panic_message(error: tokio::task::JoinError) -> String {
-    let payload = error.into_panic();
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+    /// Starts the singleton worker in a task of its own and returns at once with its
+    /// [`Runner`]: the one handle that gives, for one candidate, everything a service needs.
+    ///
+    /// - The worker runs only while this candidate leads, exactly as with
+    ///   [`run_until`](Self::run_until): cancelled on loss, stopped hard at the term's
+    ///   [`stop_by`](Term::stop_by) before the store can hand the lock on, started again
+    ///   on re-election.
+    /// - [`Runner::status`] is the campaign's status, for the health router
+    ///   ([`http::router`](crate::http)) and metrics; [`Runner::resign`],
+    ///   [`Runner::proclaim`] and [`Runner::subscribe`] act on the same campaign; the
+    ///   builder's callbacks run as with [`campaign`](Self::campaign).
+    /// - [`Runner::shutdown`] stops the worker, releases the lock and waits; dropping the
+    ///   runner does the same in the background.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+    /// use incumbent::{Election, memory::MemoryBackend};
+    ///
+    /// let election = Election::builder(MemoryBackend::new(), "scheduler").build()?;
+    /// let runner = election.start(|term| async move {
+    ///     println!("leading with fencing token {}", term.fencing_token());
+    ///     term.cancelled().await; // work until leadership ends
+    /// });
+    /// let mut status = runner.status(); // hand this to the health router
+    /// status.wait_for(|s| s.is_leader()).await.expect("the campaign runs");
+    /// runner.shutdown().await?; // the worker stops, then the lock is released
+    /// assert!(!status.borrow().is_leader());
+    /// # Ok(()) }
+    /// ```
+    pub fn start<W, Fut>(&self, worker: W) -> Runner
+    where
+        W: FnMut(Term) -> Fut + Send + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkerOutcome,
+    {
+        let policy = runner::Policy {
+            grace: self.config.grace,
+            on_worker_exit: self.on_worker_exit,
+        };
+        Runner::start(self.campaign(), worker, policy)
+    }
 }

@@ -45,8 +45,10 @@ pub enum Error {
         /// What is wrong, and what to do.
         reason: String,
     },
-    /// The store could not be reached or did not answer in time. Transient: retried.
-    #[error("{backend} is unavailable: {reason}; retrying with back-off")]
+    /// The store could not be reached or did not answer in time. Transient: a running
+    /// campaign retries with back-off (its status says so); a backend's `connect` tries once
+    /// and says so in `reason`.
+    #[error("{backend} is unavailable: {reason}")]
     Unavailable {
         /// The backend, e.g. `"etcd"`.
         backend: &'static str,
@@ -108,6 +110,30 @@ pub enum Error {
 }
 
 impl Error {
+    /// An error of a backend's `connect`, which tries once: an unavailable store's message
+    /// says that nothing retried, and what will.
+    #[cfg_attr(
+        not(any(
+            feature = "etcd",
+            feature = "zookeeper",
+            feature = "redis",
+            feature = "memcached"
+        )),
+        allow(dead_code)
+    )]
+    pub(crate) fn not_retried(self) -> Error {
+        match self {
+            Error::Unavailable { backend, reason } => Error::Unavailable {
+                backend,
+                reason: format!(
+                    "{reason} (connect tried once and does not retry: call it again, or \
+                     retry it with back-off; once connected, a campaign retries by itself)"
+                ),
+            },
+            other => other,
+        }
+    }
+
     /// Whether retrying the same request later can succeed (the store was down or slow).
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::Timeout(_))

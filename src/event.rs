@@ -35,6 +35,19 @@ pub enum LeadershipEvent {
     LeaderChanged(Option<Arc<Leader>>),
 }
 
+/// A term's end, as [`on_demoted`](crate::ElectionBuilder::on_demoted) receives it: the
+/// fields of [`LeadershipEvent::Demoted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Demotion {
+    /// The fencing token of the term that ended.
+    pub fencing_token: FencingToken,
+    /// Why it ended.
+    pub reason: DemotionReason,
+    /// After an involuntary loss, the instant by which the term's work must have stopped;
+    /// `None` after a voluntary end. The same as [`Term::stop_by`](crate::Term::stop_by).
+    pub stop_by: Option<Instant>,
+}
+
 /// Why a term ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

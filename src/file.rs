@@ -23,13 +23,11 @@
 //! All candidates must see the same directory on a local file system: `flock` over NFS is
 //! not reliable. Unix only.
 //!
-//! A follower blocks in `flock` on a thread of tokio's blocking pool, and a blocking call
-//! cannot be cancelled: shutting the campaign down leaves that thread waiting until the lock
-//! is free (it then lets go at once). Dropping a tokio runtime waits for its blocking
-//! threads, so a process that wants to exit while it follows should end its runtime with
-//! [`Runtime::shutdown_background`](tokio::runtime::Runtime::shutdown_background) or
-//! [`shutdown_timeout`](tokio::runtime::Runtime::shutdown_timeout), as the `incumbent` CLI
-//! does; the kernel drops the queued `flock` with the process.
+//! A follower blocks in `flock` on a thread of its own (not tokio's blocking pool), and a
+//! blocking call cannot be cancelled: shutting the campaign down leaves that thread waiting
+//! until the lock is free (it then lets go at once). Since the thread is not the runtime's,
+//! dropping the runtime does not wait for it: a follower's process exits at once, under
+//! `#[tokio::main]` too, and the kernel drops the queued `flock` with the process.
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> incumbent::Result<()> {
@@ -50,8 +48,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep};
 
 use crate::backend::keepalive::{KeepAlive, Renewal};
@@ -221,7 +218,7 @@ enum State {
     Idle,
     /// A thread blocks in `flock` for us; it gives the lock up itself if we abandon it.
     Waiting {
-        thread: JoinHandle<Result<File>>,
+        thread: oneshot::Receiver<Result<File>>,
         abandoned: Arc<AtomicBool>,
     },
     /// We hold the lock, but have not taken a token yet.
@@ -313,13 +310,17 @@ impl Contender for FileContender {
         let state = std::mem::replace(&mut self.state, State::Idle);
         let file = match state {
             State::Locked(file) => Some(file),
-            State::Waiting { thread, .. } if thread.is_finished() => {
-                thread.await.ok().and_then(Result::ok)
-            }
-            waiting @ State::Waiting { .. } => {
-                self.state = waiting;
-                None
-            }
+            State::Waiting {
+                mut thread,
+                abandoned,
+            } => match thread.try_recv() {
+                Ok(locked) => locked.ok(),
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    self.state = State::Waiting { thread, abandoned };
+                    None
+                }
+                Err(oneshot::error::TryRecvError::Closed) => None,
+            },
             State::Idle | State::Held { .. } => None,
         };
         let paths = self.paths.clone();
@@ -364,15 +365,25 @@ impl Contender for FileContender {
             let path = self.paths.lock.clone();
             let abandoned = Arc::new(AtomicBool::new(false));
             let gave_up = abandoned.clone();
-            let thread = tokio::task::spawn_blocking(move || {
-                let file = open_lock(&path)?;
-                file.lock().map_err(io("cannot lock", &path))?;
-                if gave_up.load(Ordering::SeqCst) {
-                    drop(file); // nobody wants it any more: let the next waiter have it
-                    return Err(Error::Stopped);
-                }
-                Ok(file)
-            });
+            let (sender, thread) = oneshot::channel();
+            // A thread of its own, not the runtime's blocking pool: dropping the runtime
+            // must not wait for a `flock` that may never return.
+            let waiter = move || {
+                let locked = open_lock(&path).and_then(|file| {
+                    file.lock().map_err(io("cannot lock", &path))?;
+                    if gave_up.load(Ordering::SeqCst) {
+                        drop(file); // nobody wants it any more: let the next waiter have it
+                        return Err(Error::Stopped);
+                    }
+                    Ok(file)
+                });
+                // A receiver that is gone drops the file, and with it the lock.
+                let _ = sender.send(locked);
+            };
+            std::thread::Builder::new()
+                .name("incumbent-flock".into())
+                .spawn(waiter)
+                .map_err(io("cannot start a thread to wait for", &self.paths.lock))?;
             self.state = State::Waiting { thread, abandoned };
         }
         if let State::Waiting { thread, .. } = &mut self.state {
@@ -383,11 +394,11 @@ impl Contender for FileContender {
                     self.state = State::Idle;
                     return Err(e);
                 }
-                Err(e) => {
+                Err(_) => {
                     self.state = State::Idle;
                     return Err(Error::Store {
                         backend: NAME,
-                        reason: format!("the lock waiter failed: {e}"),
+                        reason: "the thread waiting for the lock ended without an answer".into(),
                     });
                 }
             };

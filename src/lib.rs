@@ -196,6 +196,7 @@
 // docs.rs: badges naming the cargo feature each item needs (rustdoc infers them from cfg).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod any;
 pub mod backend;
 mod backoff;
 mod campaign;
@@ -216,15 +217,18 @@ pub mod memory;
 pub mod metrics;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod runner;
 mod term;
 pub mod time;
 pub mod url;
 
+pub use any::{AnyBackend, AnyContender, AnyObserver, AnySession};
 pub use backend::{Candidate, FencingToken, Leader};
 pub use campaign::{Campaign, CampaignHandle, EVENT_QUEUE_CAPACITY, Events};
 pub use election::{Election, ElectionBuilder, OnWorkerExit, WorkerOutcome};
 pub use error::{Error, Result};
-pub use event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
+pub use event::{Demotion, DemotionReason, LeadershipEvent, Problem, Role, Status};
+pub use runner::Runner;
 pub use term::{Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;

@@ -1199,3 +1199,24 @@ async fn a_follower_whose_lease_is_revoked_is_back_in_the_queue_at_once() {
     assert!(a.status().borrow().is_leader());
     follows(&b).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_an_etcd_that_is_down_fails_at_once_and_says_it_did_not_retry() {
+    // Nothing listens there: connect tries once. Its message must not claim a retry that
+    // does not happen (a pod would crash-loop believing the library retries).
+    let nobody = support::net::free_addr();
+    let started = Instant::now();
+    let error = EtcdBackend::builder([format!("http://{nobody}")])
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect_err("nothing listens there");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("does not retry"), "{message}");
+    assert!(!message.contains("retrying"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "one attempt, not a retry loop"
+    );
+}

@@ -562,9 +562,14 @@ async fn callbacks_are_called_in_order() {
                     .push(format!("elected {}", term.fencing_token()))
             }
         })
-        .on_demoted(move |reason| {
+        .on_demoted(move |demotion| {
             let log = l2.clone();
-            async move { log.lock().unwrap().push(format!("demoted {reason}")) }
+            async move {
+                log.lock().unwrap().push(format!(
+                    "demoted {} {} {:?}",
+                    demotion.fencing_token, demotion.reason, demotion.stop_by
+                ))
+            }
         })
         .on_leader_changed(move |leader| {
             let log = l3.clone();
@@ -584,7 +589,12 @@ async fn callbacks_are_called_in_order() {
     let log = log.lock().unwrap().clone();
     assert_eq!(
         log[..4],
-        ["elected 1", "leader a", "demoted resigned", "leader none"],
+        [
+            "elected 1",
+            "leader a",
+            "demoted 1 resigned None",
+            "leader none"
+        ],
         "{log:?}"
     );
 }
@@ -902,4 +912,115 @@ async fn an_unread_event_queue_keeps_the_newest_events_and_counts_the_rest() {
         "{kept} events were kept unread"
     );
     assert!(missed + kept as u64 >= (terms * 2) as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runner_gives_the_workers_status_resign_and_shutdown_on_one_candidate() {
+    let store = MemoryBackend::new();
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let seen = terms.clone();
+    let runner = election(&store, "a").start(move |term: Term| {
+        seen.lock().unwrap().push(term.clone());
+        async move { term.cancelled().await }
+    });
+    let mut status = runner.status();
+    timeout(TTL, status.wait_for(|s| s.is_leader()))
+        .await
+        .expect("leads")
+        .expect("runs");
+    // One candidate: the status, the worker and the handle are the same campaign's.
+    let first = terms.lock().unwrap()[0].clone();
+    assert_eq!(
+        status.borrow().term.as_ref().map(Term::fencing_token),
+        Some(first.fencing_token())
+    );
+    runner.resign().await.expect("resign");
+    assert!(first.is_cancelled(), "resigning ended the worker's term");
+    timeout(TTL * 4, status.wait_for(|s| s.is_leader()))
+        .await
+        .expect("leads again")
+        .expect("runs");
+    assert_eq!(terms.lock().unwrap().len(), 2, "the worker ran again");
+    // Another candidate waits; the runner's shutdown releases the lock to it at once.
+    let mut b = election(&store, "b").campaign();
+    let released = Instant::now();
+    runner.shutdown().await.expect("shutdown");
+    assert!(terms.lock().unwrap()[1].is_cancelled());
+    assert!(!status.borrow().is_leader());
+    elected(&mut b, TTL).await;
+    assert!(
+        released.elapsed() < TTL,
+        "the lock was released, not left to expire"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_runner_releases_the_lock() {
+    let store = MemoryBackend::new();
+    let runner = election(&store, "a").start(|term: Term| async move { term.cancelled().await });
+    let mut status = runner.status();
+    timeout(TTL, status.wait_for(|s| s.is_leader()))
+        .await
+        .expect("leads")
+        .expect("runs");
+    let mut b = election(&store, "b").campaign();
+    let dropped = Instant::now();
+    drop(runner);
+    elected(&mut b, TTL).await;
+    assert!(
+        dropped.elapsed() < TTL,
+        "the lock was released, not left to expire"
+    );
+    assert!(!status.borrow().is_leader());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runners_worker_that_ignores_cancellation_is_stopped_by_stop_by() {
+    // The store becomes unreachable for the leader: its term ends at the renew deadline,
+    // and a worker that never looks at its token is aborted at the term's stop_by.
+    let store = MemoryBackend::new();
+    let client = store.client();
+    let beats = Arc::new(Mutex::new(Vec::new()));
+    let beating = beats.clone();
+    let runner = election(&client, "a").start(move |term: Term| {
+        let beating = beating.clone();
+        async move {
+            // Never looks at its token: only the runner's hard stop ends it.
+            for _ in 0..10_000 {
+                beating
+                    .lock()
+                    .unwrap()
+                    .push((term.fencing_token(), Instant::now()));
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    let mut status = runner.status();
+    timeout(TTL, status.wait_for(|s| s.is_leader()))
+        .await
+        .expect("leads")
+        .expect("runs");
+    let term = status.borrow().term.clone().expect("a term");
+    client.set_reachability(Reachability::Hanging);
+    timeout(TTL * 2, term.cancelled())
+        .await
+        .expect("the term ends");
+    let stop_by = term.stop_by().expect("an involuntary loss has a stop_by");
+    sleep_until_after(stop_by).await;
+    let last = beats
+        .lock()
+        .unwrap()
+        .last()
+        .map(|(_, at)| *at)
+        .expect("beats");
+    assert!(
+        last <= stop_by,
+        "the worker beat {:?} after its stop_by",
+        last - stop_by
+    );
+    drop(runner);
+}
+
+async fn sleep_until_after(at: Instant) {
+    tokio::time::sleep_until(at + Duration::from_millis(500)).await;
 }

@@ -147,6 +147,11 @@ impl EtcdBuilder {
     /// - [`Error::Unavailable`]: no endpoint answered within the connect timeout. Transient:
     ///   retry later (see [`Error::is_transient`]).
     pub async fn connect(self) -> Result<EtcdBackend> {
+        self.dial().await.map_err(Error::not_retried)
+    }
+
+    /// The one attempt of [`connect`](Self::connect).
+    async fn dial(self) -> Result<EtcdBackend> {
         let tls = self.tls.is_some();
         if self.endpoints.is_empty() {
             return Err(invalid(

@@ -121,6 +121,11 @@ impl PolledBuilder<Settings> {
     /// interval, or a prefix with white space or control characters (memcached keys cannot
     /// hold them); [`Error::Unavailable`] when the server cannot be reached.
     pub async fn connect(self) -> Result<MemcachedBackend> {
+        self.dial().await.map_err(Error::not_retried)
+    }
+
+    /// The one attempt of [`connect`](Self::connect).
+    async fn dial(self) -> Result<MemcachedBackend> {
         let invalid = |reason: String| Error::InvalidConfig {
             backend: NAME,
             reason,

@@ -409,6 +409,11 @@ impl PolledBuilder<Settings> {
     /// [`Error::Unauthorized`] for refused credentials, [`Error::Unavailable`] when the
     /// server cannot be reached.
     pub async fn connect(self) -> Result<RedisBackend> {
+        self.dial().await.map_err(Error::not_retried)
+    }
+
+    /// The one attempt of [`connect`](Self::connect).
+    async fn dial(self) -> Result<RedisBackend> {
         self.check_poll(NAME)?;
         if self.prefix.contains(['?', '#', '*', '[', ']', '\\']) {
             return Err(Error::InvalidConfig {

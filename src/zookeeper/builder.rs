@@ -131,6 +131,11 @@ impl ZookeeperBuilder {
     /// [`Error::Unavailable`] when no server answers within the connect timeout,
     /// [`Error::Unauthorized`] when the credentials are refused.
     pub async fn connect(self) -> Result<ZookeeperBackend> {
+        self.dial().await.map_err(Error::not_retried)
+    }
+
+    /// The one attempt of [`connect`](Self::connect).
+    async fn dial(self) -> Result<ZookeeperBackend> {
         let (servers, chroot) = split_connect_string(&self.connect_string)?;
         if self.prefix.len() < 2 || self.prefix.contains("//") || self.prefix.contains('@') {
             return Err(invalid(format!(

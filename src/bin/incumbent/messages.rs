@@ -25,6 +25,13 @@ const PHRASES: &[(&str, &str)] = &[
         " (write the URL with a host name the certificates carry)",
     ),
     ("check ca_pem (", "check --ca-file or CONSUL_CACERT ("),
+    // What a library user is told about `connect`: this program says itself whether it
+    // retries (--fail-after).
+    (
+        " (connect tried once and does not retry: call it again, or retry it with back-off; \
+         once connected, a campaign retries by itself)",
+        "",
+    ),
     (
         "and client_identity_pem (",
         "and --cert-file and --key-file or CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY (",
