@@ -136,6 +136,12 @@ macro_rules! any_backend {
                     )*
                 }
             }
+
+            async fn participants(&self, election: &str) -> Result<Option<Vec<Leader>>> {
+                match self {
+                    $( $(#[$cfg])* AnyBackend::$variant(b) => b.participants(election).await, )*
+                }
+            }
         }
 
         impl Session for AnySession {

@@ -286,6 +286,14 @@ impl<B: Backend> Election<B> {
         observer.next().await
     }
 
+    /// The candidates of this election in the order the store hands it on, the leader
+    /// first, read once without campaigning: where the store keeps a queue of candidates
+    /// (etcd, ZooKeeper). `None` where the store keeps only the holder (Consul, Redis,
+    /// memcached, the file and memory backends): use [`leader`](Self::leader) there.
+    pub async fn participants(&self) -> Result<Option<Vec<Leader>>> {
+        self.backend.participants(&self.config.name).await
+    }
+
     /// Starts campaigning, and returns the running [`Campaign`]. Must be called from within
     /// a tokio runtime. Each call starts an independent campaign (with its own session).
     pub fn campaign(&self) -> Campaign {

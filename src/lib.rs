@@ -6,45 +6,54 @@
 //! grows with every new term. When the leader dies, resigns or is cut off, another copy
 //! takes over, in milliseconds where the store can tell it at once.
 //!
-//! # A singleton worker
+//! # A service with a singleton worker
 //!
-//! [`Election::run`] runs a worker only while this process leads, cancels it on loss, waits
-//! for it (up to a grace) before releasing the lock, and runs it again when re-elected:
+//! [`Election::start`] runs a worker only while this process leads, and returns a
+//! [`Runner`]: the one handle for everything else on the same candidate, the [`Status`] for
+//! the health router and metrics, [`resign`](Runner::resign),
+//! [`proclaim`](Runner::proclaim), the events, and [`shutdown`](Runner::shutdown). The
+//! worker is cancelled on loss and stopped hard at the term's [`stop_by`](Term::stop_by),
+//! before the store can hand the lock on; it is waited for (up to a grace) before the lock
+//! is released, and runs again when re-elected. [`AnyBackend`] picks the store from a URL
+//! in the service's configuration. `examples/service.rs` is the whole service, with its own
+//! routes beside the health routes and metrics.
 //!
 //! ```
-//! use std::time::Duration;
-//! use incumbent::{Election, memory::MemoryBackend};
-//!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
-//! # let backend = MemoryBackend::new();
-//! // `backend` is any backend: file::FileBackend::new() for processes of one host,
-//! // or etcd, Consul (see their modules). Here, the in-process memory backend.
+//! use std::time::Duration;
+//! use incumbent::{AnyBackend, Election};
+//!
+//! // "file:" for processes of one host; etcd://, consul://, zk://, redis://, memcached://
+//! // for a store; "memory:" within one process, as here.
+//! let backend = AnyBackend::connect("memory:").await?;
 //! let election = Election::builder(backend, "jobs/index-builder")
 //!     .candidate("host-a:8080")
 //!     .ttl(Duration::from_secs(10))
+//!     .on_demoted(|end| async move { eprintln!("demoted: {} (term {})", end.reason, end.fencing_token) })
 //!     .build()?; // invalid settings are a typed error, never a panic
 //!
-//! # let (stop, stopped) = tokio::sync::oneshot::channel::<()>(); let _ = stop.send(());
-//! election
-//!     .run_until(
-//!         |term| async move {
-//!             while !term.is_cancelled() {
-//!                 // ... one step of the job, stamped with term.fencing_token() ...
-//!                 # break;
-//!             }
-//!         },
-//!         async { let _ = stopped.await; }, // e.g. tokio::signal::ctrl_c()
-//!     )
-//!     .await?;
+//! let runner = election.start(|term| async move {
+//!     while !term.is_cancelled() {
+//!         // ... one step of the job, stamped with term.fencing_token() ...
+//!         tokio::time::sleep(Duration::from_millis(100)).await;
+//!     }
+//! });
+//! let mut status = runner.status(); // for incumbent::http::Health: /healthz, /readyz, /leader
+//! # status.wait_for(|s| s.is_leader()).await.expect("runs");
+//! // ... serve until told to stop (SIGTERM, Ctrl-C) ...
+//! runner.shutdown().await?; // stop the worker, then release the lock: the next one leads now
 //! # Ok(()) }
 //! ```
 //!
+//! [`Election::run_until`] does the same in the caller's task, without a handle.
+//!
 //! A worker that returns, fails or panics while leading makes the candidate resign and
-//! campaign again after the back-off; [`OnWorkerExit::Stop`] makes `run` return instead.
+//! campaign again after the back-off; [`OnWorkerExit::Stop`] makes `run` return (and the
+//! runner finish) instead. [`Election::leader`] says who leads without campaigning.
 //!
 //! # Events, status and callbacks
 //!
-//! [`Election::campaign`] starts a [`Campaign`]: a [`Stream`](futures_core::Stream) of
+//! [`Election::campaign`] starts a bare [`Campaign`], with no worker: a [`Stream`](futures_core::Stream) of
 //! [`LeadershipEvent`]s (elected, demoted with a [`DemotionReason`], leader changed), a
 //! [`Status`] in a [`watch`](tokio::sync::watch) channel for health endpoints,
 //! [`proclaim`](CampaignHandle::proclaim) (the leader updates the metadata others read, e.g.
@@ -234,3 +243,9 @@ pub use term::{Term, TermGuard};
 pub mod consul;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
+
+/// The README's code, compiled (and run where it is not `no_run`) by `cargo test --doc`, so
+/// that it cannot drift from the API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1220,3 +1220,37 @@ async fn connect_to_an_etcd_that_is_down_fails_at_once_and_says_it_did_not_retry
         "one attempt, not a retry loop"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn participants_lists_the_queue_leader_first_without_campaigning() {
+    let etcd = EtcdServer::single().await;
+    let backend = connect(&etcd.endpoints()).await;
+    let bystander = election(&backend, "queue", "bystander", TTL);
+    assert_eq!(
+        bystander.participants().await.expect("read"),
+        Some(Vec::new())
+    );
+    assert_eq!(bystander.leader().await.expect("read"), None);
+    let mut a = election(&backend, "queue", "a", TTL).campaign();
+    let term = elected(&mut a, PATIENCE).await;
+    let mut waiting = Vec::new();
+    for id in ["b", "c"] {
+        let campaign = election(&connect(&etcd.endpoints()).await, "queue", id, TTL).campaign();
+        follows(&campaign).await;
+        waiting.push(campaign);
+    }
+    let queue = bystander
+        .participants()
+        .await
+        .expect("read")
+        .expect("etcd keeps a queue");
+    let ids: Vec<&str> = queue.iter().map(|l| l.candidate.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"], "in the order the lock is handed on");
+    assert_eq!(queue[0].fencing_token, Some(term.fencing_token()));
+    let leader = bystander.leader().await.expect("read").expect("a leader");
+    assert_eq!(leader.candidate.id, "a");
+    for campaign in waiting {
+        campaign.shutdown().await.expect("shutdown");
+    }
+    a.shutdown().await.expect("shutdown");
+}

@@ -461,3 +461,52 @@ async fn after_a_failover_to_a_replica_that_missed_the_last_term_tokens_still_gr
         "after the failover the token went from {second} to {third}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_backend_from_a_redis_url_elects_and_hands_over() {
+    let server = RedisServer::start().await;
+    let url = format!("redis://{}", server.addr());
+    let connect = || async {
+        incumbent::AnyBackend::connect(&url)
+            .await
+            .expect("connect from the URL")
+    };
+    let (one, other) = (connect().await, connect().await);
+    assert_eq!(one.info().name, "redis");
+    let make = |backend: incumbent::AnyBackend, id: &str| {
+        Election::builder(backend, "any")
+            .candidate(id)
+            .ttl(TTL)
+            .build()
+            .expect("valid election")
+    };
+    let a = make(one, "a");
+    let mut a_campaign = a.campaign();
+    let first = elected(&mut a_campaign, PATIENCE).await;
+    assert_eq!(
+        a.leader().await.expect("leader").map(|l| l.candidate.id),
+        Some("a".to_owned()),
+        "leader() reads the holder without campaigning"
+    );
+    assert_eq!(
+        a.participants().await.expect("read"),
+        None,
+        "Redis keeps only the holder: no queue to list"
+    );
+    let mut b = make(other, "b").campaign();
+    a_campaign.shutdown().await.expect("shutdown");
+    let second = elected(&mut b, PATIENCE).await;
+    assert!(second.fencing_token() > first.fencing_token());
+    b.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn any_backend_refuses_a_malformed_url_with_a_typed_error() {
+    let error = incumbent::AnyBackend::connect("redis://")
+        .await
+        .expect_err("no address");
+    assert!(
+        matches!(error, incumbent::Error::InvalidConfig { .. }),
+        "{error:?}"
+    );
+}

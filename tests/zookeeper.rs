@@ -459,3 +459,41 @@ async fn credentials_in_the_connect_string_are_in_no_error_or_debug_output() {
     }
     assert!(leaks.is_empty(), "secrets shown: {leaks:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn participants_lists_the_queue_leader_first_without_campaigning() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    let bystander = election(&backend, "queue", "bystander");
+    assert_eq!(
+        bystander.participants().await.expect("read"),
+        Some(Vec::new())
+    );
+    let mut a = election(&backend, "queue", "a").campaign();
+    let term = elected(&mut a, PATIENCE).await;
+    let mut waiting = Vec::new();
+    for id in ["b", "c"] {
+        let campaign = election(&connect(&server.connect_string()).await, "queue", id).campaign();
+        let mut status = campaign.status();
+        tokio::time::timeout(
+            PATIENCE,
+            status.wait_for(|s| s.role == incumbent::Role::Follower),
+        )
+        .await
+        .expect("follows")
+        .expect("runs");
+        waiting.push(campaign);
+    }
+    let queue = bystander
+        .participants()
+        .await
+        .expect("read")
+        .expect("ZooKeeper keeps a queue");
+    let ids: Vec<&str> = queue.iter().map(|l| l.candidate.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"], "in the order the lock is handed on");
+    assert_eq!(queue[0].fencing_token, Some(term.fencing_token()));
+    for campaign in waiting {
+        campaign.shutdown().await.expect("shutdown");
+    }
+    a.shutdown().await.expect("shutdown");
+}

@@ -289,6 +289,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// Starts following the holder of `election`. The first [`Observer::next`] returns the
     /// current holder at once.
     fn observe(&self, election: &str) -> impl Future<Output = Result<Self::Observer>> + Send;
+
+    /// The candidates of `election` in the order the store hands it on, the holder first
+    /// (each with its fencing token where the store gives one), read once: where the store
+    /// keeps a queue of candidates (etcd, ZooKeeper). `None` (the default) where it keeps
+    /// only the holder: then only [`observe`](Self::observe) can tell who leads.
+    fn participants(
+        &self,
+        _election: &str,
+    ) -> impl Future<Output = Result<Option<Vec<Leader>>>> + Send {
+        std::future::ready(Ok(None))
+    }
 }
 
 /// A live session in the store. See the [module docs](self).

@@ -411,4 +411,10 @@ impl Backend for EtcdBackend {
     async fn observe(&self, election: &str) -> Result<EtcdObserver> {
         EtcdObserver::start(self.clone(), election).await
     }
+
+    /// Every candidate key of the election, oldest (the holder) first.
+    async fn participants(&self, election: &str) -> Result<Option<Vec<Leader>>> {
+        let queue = self.read_queue(&self.election_range(election)).await?;
+        Ok(Some(queue.candidates.iter().map(leader_of).collect()))
+    }
 }

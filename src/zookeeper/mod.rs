@@ -470,6 +470,26 @@ impl Backend for ZookeeperBackend {
     async fn observe(&self, election: &str) -> Result<ZookeeperObserver> {
         Ok(ZookeeperObserver::new(self.clone(), election))
     }
+
+    /// Every candidate node of the election, lowest sequence (the holder) first; a node that
+    /// vanished between the list and its read is left out.
+    async fn participants(&self, election: &str) -> Result<Option<Vec<Leader>>> {
+        let client = self.reader().await?;
+        let path = self.election_path(election);
+        let mut candidates = Vec::new();
+        for child in self.read_queue(&client, &path).await? {
+            let node = format!("{path}/{}", child.name);
+            match self
+                .request("reading a candidate", client.get_data(&node))
+                .await
+            {
+                Ok((data, stat)) => candidates.push(leader_of(&data, &stat)),
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(from_client(e, "reading a candidate")),
+            }
+        }
+        Ok(Some(candidates))
+    }
 }
 
 #[cfg(test)]
