@@ -767,8 +767,9 @@ async fn redis_call(addr: std::net::SocketAddr, args: &[&str]) -> Result<String,
                 Some(b'$') => {
                     let len: usize = line[1..].parse().map_err(|_| format!("{addr}: {line}"))?;
                     if reply.len() >= end + 2 + len + 2 {
-                        return Ok(String::from_utf8_lossy(&reply[end + 2..end + 2 + len])
-                            .into_owned());
+                        return Ok(
+                            String::from_utf8_lossy(&reply[end + 2..end + 2 + len]).into_owned()
+                        );
                     }
                 }
                 _ => return Ok(line),
@@ -1089,7 +1090,10 @@ impl World {
             }
             (Fault::PromoteReplica, Store::RedisFailover(pair)) => {
                 if let Err(e) = pair.synced().await {
-                    errors.push(format!("before failover {}: the replica is {e}", pair.promotions));
+                    errors.push(format!(
+                        "before failover {}: the replica is {e}",
+                        pair.promotions
+                    ));
                 }
             }
             _ => {}
