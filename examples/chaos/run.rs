@@ -447,7 +447,7 @@ enum Store {
     Redis(RedisServer),
     Memcached(MemcachedServer),
     ZookeeperEnsemble(ZookeeperEnsemble),
-    RedisFailover(RedisFailover),
+    RedisFailover(Box<RedisFailover>),
 }
 
 impl Store {
@@ -465,7 +465,7 @@ impl Store {
             Backend::ZookeeperEnsemble => Store::ZookeeperEnsemble(
                 ZookeeperEnsemble::three_with_peer_proxies(ZK_SYNC_LIMIT).await,
             ),
-            Backend::RedisFailover => Store::RedisFailover(RedisFailover::start().await),
+            Backend::RedisFailover => Store::RedisFailover(Box::new(RedisFailover::start().await)),
         }
     }
 
