@@ -173,7 +173,8 @@ fn main() -> ExitCode {
             library,
             incumbent: PathBuf::from(env!("CARGO_BIN_EXE_incumbent")),
             this: me.clone(),
-            keep: None,
+            // To look at a failed smoke's histories: CHAOS_SMOKE_KEEP=DIR.
+            keep: std::env::var_os("CHAOS_SMOKE_KEEP").map(PathBuf::from),
             plant: None,
         };
         let name = config.label();
