@@ -10,8 +10,9 @@
 //! cargo run --release --example chaos --all-features -- --backend etcd --faults 50 --seed 7
 //! ```
 //!
-//! Options: `--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,memcached`
-//! (default: all eight, one after another; `memory` runs in process),
+//! Options: `--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,
+//! memcached,zookeeper-ensemble,redis-failover` (default: all eleven, one after another;
+//! `memory` runs in process),
 //! `--mode cli|library|in-process` (candidates as `incumbent run` processes, or as processes
 //! running a library campaign, `chaos candidate …`; default cli; `in-process` is
 //! `--backend memory`: campaigns in this process on one shared memory backend),
@@ -37,6 +38,8 @@ mod inproc;
 mod run;
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "support/switch.rs"]
+mod switch;
 #[path = "chaos/worker.rs"]
 mod worker;
 
@@ -47,7 +50,8 @@ use std::time::Duration;
 use run::{Backend, Config, Fault};
 
 const USAGE: &str = "usage: chaos \
-[--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,memcached] \
+[--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,memcached,\
+zookeeper-ensemble,redis-failover] \
 [--mode cli|library|in-process] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \

@@ -1,6 +1,7 @@
 //! A short, seeded run of the safety checker (`examples/chaos.rs`, RELIABILITY.md) on the
-//! file backend, etcd (one member and a three-member cluster), Consul, ZooKeeper, Redis and
-//! memcached with `incumbent run` candidates, on file and etcd with library candidates, and
+//! file backend, etcd (one member and a three-member cluster), Consul, ZooKeeper (one server
+//! and a three-member ensemble with a member cut off), Redis (with and without persistence,
+//! and a primary failing over to its replica) and memcached with `incumbent run` candidates, on file and etcd with library candidates, and
 //! on the memory backend in process: a few faults each; any violation fails the test.
 //!
 //! It shares the checker's code with the example; this binary is also the worker that the
@@ -18,6 +19,8 @@ mod inproc;
 #[path = "../examples/chaos/run.rs"]
 mod run;
 mod support;
+#[path = "../examples/support/switch.rs"]
+mod switch;
 #[path = "../examples/chaos/worker.rs"]
 mod worker;
 
@@ -110,6 +113,19 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             false,
             vec![Fault::StoreRestart, Fault::Kill9, Fault::Sigterm],
         ),
+        // The member the leader is connected to, cut off from the other two: its session
+        // must end before another candidate's term begins.
+        (
+            Backend::ZookeeperEnsemble,
+            false,
+            vec![Fault::PartitionMember, Fault::Kill9],
+        ),
+        // Two failovers: the second to the fresh replica the first one started.
+        (
+            Backend::RedisFailover,
+            false,
+            vec![Fault::PromoteReplica, Fault::PromoteReplica],
+        ),
     ]
 }
 
@@ -157,7 +173,8 @@ fn main() -> ExitCode {
             library,
             incumbent: PathBuf::from(env!("CARGO_BIN_EXE_incumbent")),
             this: me.clone(),
-            keep: None,
+            // To look at a failed smoke's histories: CHAOS_SMOKE_KEEP=DIR.
+            keep: std::env::var_os("CHAOS_SMOKE_KEEP").map(PathBuf::from),
             plant: None,
         };
         let name = config.label();

@@ -20,9 +20,11 @@ use crate::check::{self, Death, FaultRecord, History, Verdict};
 use crate::support::bin::find_binary;
 use crate::support::net::{free_addr, free_port};
 use crate::support::redis::TextProbe;
+use crate::support::zookeeper::{TICK_MS, ZookeeperEnsemble};
 use crate::support::{
     EtcdCluster, EtcdServer, MemcachedServer, Probe, Proxy, ServerProcess, ZookeeperServer,
 };
+use crate::switch::SwitchProxy;
 use crate::worker::mono_ns;
 
 /// The election every candidate runs for.
@@ -49,6 +51,24 @@ const EXIT_LIMIT: Duration = Duration::from_secs(10);
 /// (which exits at once) and releases, and a follower takes over.
 pub const HANDOFF_BOUND: Duration = Duration::from_secs(2);
 
+/// The ZooKeeper ensemble's `syncLimit` in ticks ([`TICK_MS`] each, 2 s in all): how long a
+/// member that hears nothing from its peers takes to stop serving (a follower that loses its
+/// leader, a leader that loses its quorum), and the other two to notice a lost leader.
+const ZK_SYNC_LIMIT: u32 = 10;
+
+/// What a ZooKeeper leader election among the two members left may take, once they noticed
+/// their leader is gone (`finalizeWait`, the vote, the new leader syncing its follower).
+const ZK_ELECTION: Duration = Duration::from_secs(2);
+
+/// The member of the ensemble candidate `index` connects to.
+fn ensemble_member(index: usize) -> usize {
+    index % 3
+}
+
+/// Where per-fault details go that the checker does not need (which member was cut off,
+/// whether it was ZooKeeper's leader; how long the Redis replica lagged), one JSON line each.
+const DETAILS_FILE: &str = "fault-details.jsonl";
+
 /// Where the elections live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Backend {
@@ -69,10 +89,18 @@ pub enum Backend {
     RedisVolatile,
     /// One memcached: a restart loses the lock and the fencing counter (best effort).
     Memcached,
+    /// A three-member ZooKeeper ensemble whose peer links run through proxies, so that one
+    /// member can be cut off from the other two while its client port stays open; each
+    /// candidate connects to one member (candidate `i` to member `i % 3`).
+    ZookeeperEnsemble,
+    /// A Redis primary and a replica, both without persistence, behind a relay whose
+    /// upstream is switched to the replica when it is promoted (`promote-replica`): a
+    /// failover loses what the replica had not received.
+    RedisFailover,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 9] = [
+    pub const ALL: [Backend; 11] = [
         Backend::Memory,
         Backend::File,
         Backend::Etcd,
@@ -82,6 +110,8 @@ impl Backend {
         Backend::Redis,
         Backend::RedisVolatile,
         Backend::Memcached,
+        Backend::ZookeeperEnsemble,
+        Backend::RedisFailover,
     ];
 
     pub fn name(self) -> &'static str {
@@ -95,6 +125,8 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::RedisVolatile => "redis-volatile",
             Backend::Memcached => "memcached",
+            Backend::ZookeeperEnsemble => "zookeeper-ensemble",
+            Backend::RedisFailover => "redis-failover",
         }
     }
 
@@ -102,7 +134,10 @@ impl Backend {
     /// Redis without persistence): then two terms may overlap for up to a renewal interval,
     /// and tokens must still grow (the checker counts both, and stale writes accepted).
     pub fn restart_loses_data(self) -> bool {
-        matches!(self, Backend::Memcached | Backend::RedisVolatile)
+        matches!(
+            self,
+            Backend::Memcached | Backend::RedisVolatile | Backend::RedisFailover
+        )
     }
 
     /// The candidates' `--ttl`. Consul's smallest session ttl is 10 s.
@@ -114,7 +149,9 @@ impl Backend {
             | Backend::Zookeeper
             | Backend::Redis
             | Backend::RedisVolatile
-            | Backend::Memcached => Duration::from_secs(2),
+            | Backend::Memcached
+            | Backend::ZookeeperEnsemble
+            | Backend::RedisFailover => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -131,10 +168,14 @@ impl Backend {
         match self {
             Backend::Memory => self.ttl() + Duration::from_secs(1),
             Backend::File => Duration::from_secs(1),
-            Backend::Etcd | Backend::EtcdCluster | Backend::Zookeeper | Backend::Redis => {
-                self.ttl() + Duration::from_secs(2)
+            Backend::Etcd
+            | Backend::EtcdCluster
+            | Backend::Zookeeper
+            | Backend::ZookeeperEnsemble
+            | Backend::Redis => self.ttl() + Duration::from_secs(2),
+            Backend::Memcached | Backend::RedisVolatile | Backend::RedisFailover => {
+                self.ttl() * 2 + Duration::from_secs(2)
             }
-            Backend::Memcached | Backend::RedisVolatile => self.ttl() * 2 + Duration::from_secs(2),
             Backend::Consul => self.ttl() * 2 + Duration::from_secs(5),
         }
     }
@@ -174,6 +215,24 @@ impl Backend {
                 Fault::StderrStall,
                 Fault::MemberLoss,
             ],
+            // No store process to pause or restart: the faults of the ensemble's members are
+            // partitions.
+            Backend::ZookeeperEnsemble => vec![
+                Fault::Kill9,
+                Fault::Sigterm,
+                Fault::FreezeGroup,
+                Fault::FreezeSupervisor,
+                Fault::Blackhole,
+                Fault::Latency,
+                Fault::StderrStall,
+                Fault::PartitionMember,
+            ],
+            // The store process is the primary.
+            Backend::RedisFailover => {
+                let mut faults = Fault::ALL[..9].to_vec();
+                faults.push(Fault::PromoteReplica);
+                faults
+            }
         };
         if library {
             faults.retain(|f| !matches!(f, Fault::FreezeSupervisor | Fault::StderrStall));
@@ -221,10 +280,17 @@ pub enum Fault {
     /// In process: the store hangs for the leader's client while its worker ignores
     /// cancellation: the runner must stop the worker hard before the lock can pass on.
     IgnoreCancel,
+    /// (ZooKeeper ensemble) Cut the member the leader's candidate is connected to off from the
+    /// other two for longer than the ttl (its client port stays open), then heal.
+    PartitionMember,
+    /// (Redis failover) Maybe pause the replica so that it misses the last writes, SIGKILL
+    /// the primary, promote the replica (`REPLICAOF NO ONE`), switch the candidates' relay
+    /// to it, and start a fresh replica of it for the next failover. Loses data.
+    PromoteReplica,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 19] = [
         Fault::Kill9,
         Fault::Sigterm,
         Fault::FreezeGroup,
@@ -242,6 +308,8 @@ impl Fault {
         Fault::Unreachable,
         Fault::Failing,
         Fault::IgnoreCancel,
+        Fault::PartitionMember,
+        Fault::PromoteReplica,
     ];
 
     pub fn name(self) -> &'static str {
@@ -263,6 +331,8 @@ impl Fault {
             Fault::Unreachable => "store-hangs-for-leader",
             Fault::Failing => "store-fails-for-leader",
             Fault::IgnoreCancel => "worker-ignores-cancel",
+            Fault::PartitionMember => "partition-member",
+            Fault::PromoteReplica => "promote-replica",
         }
     }
 }
@@ -376,6 +446,8 @@ enum Store {
     Zookeeper(ZookeeperServer),
     Redis(RedisServer),
     Memcached(MemcachedServer),
+    ZookeeperEnsemble(ZookeeperEnsemble),
+    RedisFailover(Box<RedisFailover>),
 }
 
 impl Store {
@@ -390,13 +462,25 @@ impl Store {
             Backend::Redis => Store::Redis(RedisServer::start(true).await),
             Backend::RedisVolatile => Store::Redis(RedisServer::start(false).await),
             Backend::Memcached => Store::Memcached(MemcachedServer::start().await),
+            Backend::ZookeeperEnsemble => Store::ZookeeperEnsemble(
+                ZookeeperEnsemble::three_with_peer_proxies(ZK_SYNC_LIMIT).await,
+            ),
+            Backend::RedisFailover => Store::RedisFailover(Box::new(RedisFailover::start().await)),
         }
     }
 
-    fn client_addr(&self) -> Option<std::net::SocketAddr> {
+    /// Where candidate `index` connects (through a proxy of its own).
+    fn client_addr(&self, index: usize) -> Option<std::net::SocketAddr> {
         match self {
             // Candidates reach the cluster's three members directly.
             Store::File | Store::Cluster(_) => None,
+            Store::ZookeeperEnsemble(ensemble) => Some(
+                ensemble
+                    .connect_string_of(&[ensemble_member(index)])
+                    .parse()
+                    .expect("a member's client address"),
+            ),
+            Store::RedisFailover(pair) => Some(pair.relay.addr()),
             Store::Etcd(etcd) => Some(etcd.client_addr()),
             Store::Consul(consul) => Some(consul.http),
             Store::Zookeeper(zookeeper) => Some(zookeeper.client_addr()),
@@ -413,6 +497,8 @@ impl Store {
             Store::Zookeeper(zookeeper) => Some(zookeeper.process()),
             Store::Redis(redis) => Some(&mut redis.process),
             Store::Memcached(memcached) => Some(memcached.process()),
+            Store::ZookeeperEnsemble(_) => None,
+            Store::RedisFailover(pair) => Some(&mut pair.primary.process),
         }
     }
 }
@@ -484,6 +570,11 @@ impl RedisServer {
     /// A server on a free loopback port; `persistent`: an append-only file synced at every
     /// write, else no persistence at all (a restart forgets everything).
     async fn start(persistent: bool) -> RedisServer {
+        Self::start_with(persistent, &[]).await
+    }
+
+    /// The same, with more arguments.
+    async fn start_with(persistent: bool, more: &[&str]) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("incumbent-chaos-redis-")
             .tempdir()
@@ -503,7 +594,10 @@ impl RedisServer {
             "always".into(),
             "--dir".into(),
             dir.path().display().to_string(),
-        ];
+        ]
+        .into_iter()
+        .chain(more.iter().map(|a| (*a).to_owned()))
+        .collect();
         let probe = TextProbe::start(addr, b"PING\r\n");
         let mut process = ServerProcess::spawn(
             "redis",
@@ -524,6 +618,167 @@ impl RedisServer {
             _dir: dir,
         }
     }
+}
+
+/// A Redis primary and a replica, neither persistent, and the relay the candidates reach the
+/// primary through. The replica replicates through a proxy of its own, which can withhold
+/// the primary's last writes from it; after a failover a fresh replica of the new primary is
+/// started for the next one.
+struct RedisFailover {
+    primary: RedisServer,
+    replica: RedisServer,
+    /// The replica's link to the primary.
+    link: Proxy,
+    /// The candidates' proxies connect here; it is switched to the promoted replica.
+    relay: SwitchProxy,
+    /// How many failovers were made.
+    promotions: u32,
+}
+
+/// Replicas sync without writing an RDB file first, and at once.
+const REPLICATION_ARGS: [&str; 4] = [
+    "--repl-diskless-sync",
+    "yes",
+    "--repl-diskless-sync-delay",
+    "0",
+];
+
+/// How long a fresh replica may take to be in sync with its primary.
+const REPLICA_SYNC_LIMIT: Duration = Duration::from_secs(30);
+
+impl RedisFailover {
+    async fn start() -> RedisFailover {
+        let primary = RedisServer::start_with(false, &REPLICATION_ARGS).await;
+        let (replica, link) = Self::replica_of(primary.addr).await;
+        let relay = SwitchProxy::start(primary.addr);
+        let pair = RedisFailover {
+            primary,
+            replica,
+            link,
+            relay,
+            promotions: 0,
+        };
+        if let Err(e) = pair.synced().await {
+            panic!("the first Redis replica: {e}");
+        }
+        pair
+    }
+
+    /// A fresh server, made a replica of `primary` through a proxy.
+    async fn replica_of(primary: std::net::SocketAddr) -> (RedisServer, Proxy) {
+        let replica = RedisServer::start_with(false, &REPLICATION_ARGS).await;
+        let link = Proxy::start(primary);
+        let port = link.addr().port().to_string();
+        if let Err(e) = redis_call(replica.addr, &["REPLICAOF", "127.0.0.1", &port]).await {
+            panic!("REPLICAOF on a fresh Redis replica: {e}");
+        }
+        (replica, link)
+    }
+
+    /// Waits (bounded) until the replica's link to the primary is up and it has loaded the
+    /// primary's data.
+    async fn synced(&self) -> Result<(), String> {
+        let deadline = Instant::now() + REPLICA_SYNC_LIMIT;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            match redis_call(self.replica.addr, &["INFO", "replication"]).await {
+                Ok(info)
+                    if info.contains("master_link_status:up")
+                        && info.contains("master_sync_in_progress:0") =>
+                {
+                    return Ok(());
+                }
+                Ok(info) => last = info,
+                Err(e) => last = e,
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+        Err(format!(
+            "not in sync within {REPLICA_SYNC_LIMIT:?}: {}",
+            last.trim()
+        ))
+    }
+
+    /// The failover: withholds the last `lag` of the primary's writes from the replica (none
+    /// when zero), SIGKILLs the primary, drops what was withheld, promotes the replica and
+    /// switches the relay to it. Returns when the relay was switched.
+    async fn fail_over(&mut self, lag: Duration, errors: &mut Vec<String>) -> u64 {
+        if !lag.is_zero() {
+            self.link.blackhole(true);
+            sleep(lag).await;
+        }
+        self.primary.process.kill9();
+        // The bytes the link withheld are lost with its connections: reset them while
+        // still withheld, then let the relay tasks see it before opening the link again.
+        self.link.reset_all();
+        if !lag.is_zero() {
+            sleep(Duration::from_millis(100)).await;
+        }
+        self.link.blackhole(false);
+        if let Err(e) = redis_call(self.replica.addr, &["REPLICAOF", "NO", "ONE"]).await {
+            errors.push(format!("REPLICAOF NO ONE on the replica: {e}"));
+        }
+        self.relay.switch(self.replica.addr);
+        let switched = mono_ns();
+        self.promotions += 1;
+        // The next failover's replica; it syncs while the candidates fail over.
+        let (fresh, link) = Self::replica_of(self.replica.addr).await;
+        let promoted = std::mem::replace(&mut self.replica, fresh);
+        // The old primary is dead; dropping it removes its files.
+        drop(std::mem::replace(&mut self.primary, promoted));
+        self.link = link;
+        switched
+    }
+}
+
+/// Sends one command to the Redis server at `addr` and returns its reply (a status line, an
+/// error, an integer or a bulk string), with a bounded wait.
+async fn redis_call(addr: std::net::SocketAddr, args: &[&str]) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write to {addr}: {e}"))?;
+        let mut reply = Vec::new();
+        let mut buffer = [0; 4096];
+        loop {
+            let n = stream
+                .read(&mut buffer)
+                .await
+                .map_err(|e| format!("read from {addr}: {e}"))?;
+            if n == 0 {
+                return Err(format!("{addr} closed the connection"));
+            }
+            reply.extend_from_slice(&buffer[..n]);
+            let Some(end) = reply.windows(2).position(|w| w == b"\r\n") else {
+                continue;
+            };
+            let line = String::from_utf8_lossy(&reply[..end]).into_owned();
+            match line.as_bytes().first() {
+                Some(b'-') => return Err(format!("{addr}: {line}")),
+                Some(b'$') => {
+                    let len: usize = line[1..].parse().map_err(|_| format!("{addr}: {line}"))?;
+                    if reply.len() >= end + 2 + len + 2 {
+                        return Ok(
+                            String::from_utf8_lossy(&reply[end + 2..end + 2 + len]).into_owned()
+                        );
+                    }
+                }
+                _ => return Ok(line),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("{addr} did not answer within 5 s")))
 }
 
 /// One `incumbent run` process, its stderr read by a thread that can be told to stall.
@@ -601,7 +856,7 @@ impl World {
         std::fs::create_dir_all(&fence).expect("create the fence dir");
         let store = Store::start(config.backend).await;
         let proxies = (0..config.candidates)
-            .map(|_| store.client_addr().map(Proxy::start))
+            .map(|index| store.client_addr(index).map(Proxy::start))
             .collect();
         let open = |name: &str| {
             OpenOptions::new()
@@ -643,6 +898,8 @@ impl World {
             (Store::Zookeeper(_), Some(proxy)) => format!("zk://{}", proxy.addr()),
             (Store::Redis(_), Some(proxy)) => format!("redis://{}", proxy.addr()),
             (Store::Memcached(_), Some(proxy)) => format!("memcached://{}", proxy.addr()),
+            (Store::ZookeeperEnsemble(_), Some(proxy)) => format!("zk://{}", proxy.addr()),
+            (Store::RedisFailover(_), Some(proxy)) => format!("redis://{}", proxy.addr()),
             (_, None) => unreachable!("store backends have a proxy per candidate"),
         }
     }
@@ -821,7 +1078,29 @@ impl World {
         // Longer than the ttl: 1.5 to 2.5 ttl.
         let hold = ttl * 3 / 2 + Duration::from_millis(rng.u64(..ttl.as_millis() as u64));
         let supervisor = leader.supervisor;
+        // Before the fault starts: whether the member to cut off leads the ensemble; that the
+        // Redis replica is in sync (a fresh one was started after the last failover).
+        let mut details = serde_json::Map::new();
+        match (fault, &self.store) {
+            (Fault::PartitionMember, Store::ZookeeperEnsemble(ensemble)) => {
+                let member = ensemble_member(index);
+                let zk_leader = ensemble.leader().await;
+                details.insert("member".into(), member.into());
+                details.insert("zk_leader".into(), (zk_leader == Some(member)).into());
+            }
+            (Fault::PromoteReplica, Store::RedisFailover(pair)) => {
+                if let Err(e) = pair.synced().await {
+                    errors.push(format!(
+                        "before failover {}: the replica is {e}",
+                        pair.promotions
+                    ));
+                }
+            }
+            _ => {}
+        }
         let inject = mono_ns();
+        // When the fault ended, where that is not when this match ends.
+        let mut healed = None;
         match fault {
             Fault::Kill9 => {
                 self.kill9(index);
@@ -893,6 +1172,28 @@ impl World {
                 sleep(Duration::from_millis(500 + rng.u64(..1000))).await;
                 candidate.stalled.store(false, Ordering::SeqCst);
             }
+            Fault::PartitionMember => {
+                let Store::ZookeeperEnsemble(ensemble) = &self.store else {
+                    unreachable!("partition-member is for the ZooKeeper ensemble only");
+                };
+                let member = ensemble_member(index);
+                ensemble.isolate(member, true);
+                sleep(hold).await;
+                ensemble.isolate(member, false);
+            }
+            Fault::PromoteReplica => {
+                let Store::RedisFailover(pair) = &mut self.store else {
+                    unreachable!("promote-replica is for redis-failover only");
+                };
+                // Half of the failovers lose the last 0 to 1.5 ttl of writes.
+                let lag = if rng.bool() {
+                    Duration::from_millis(rng.u64(..ttl.as_millis() as u64 * 3 / 2))
+                } else {
+                    Duration::ZERO
+                };
+                details.insert("lag_ms".into(), (lag.as_millis() as u64).into());
+                healed = Some(pair.fail_over(lag, errors).await);
+            }
             Fault::AbortTask
             | Fault::DropRuntime
             | Fault::Shutdown
@@ -903,13 +1204,31 @@ impl World {
                 unreachable!("{} is an in-process fault", fault.name())
             }
         }
-        let heal = mono_ns();
+        let heal = healed.unwrap_or_else(mono_ns);
+        let held = Duration::from_nanos(heal - inject);
         let bound = match fault {
-            Fault::Sigterm | Fault::StderrStall => {
-                HANDOFF_BOUND + Duration::from_nanos(heal - inject)
+            Fault::Sigterm | Fault::StderrStall => HANDOFF_BOUND + held,
+            // The leader's candidate loses its session, as after a kill, once the two other
+            // members expire it: at once if one of them leads the ensemble; else once they
+            // noticed their leader is gone (syncLimit ticks) and elected another (which gives
+            // every session a full timeout again). Not before the partition heals, at the
+            // latest.
+            Fault::PartitionMember => {
+                let detection = Duration::from_millis(u64::from(ZK_SYNC_LIMIT * TICK_MS));
+                held.max(detection + ZK_ELECTION) + self.backend.failover_bound()
             }
-            _ => Duration::from_nanos(heal - inject) + self.backend.failover_bound(),
+            _ => held + self.backend.failover_bound(),
         };
+        if !details.is_empty() {
+            details.insert("kind".into(), fault.name().into());
+            details.insert("inject_ns".into(), inject.into());
+            let line = serde_json::Value::Object(details).to_string();
+            let _ = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(DETAILS_FILE))
+                .and_then(|mut file| writeln!(file, "{line}"));
+        }
         (inject, heal, bound)
     }
 
@@ -1051,7 +1370,10 @@ impl Faulty for World {
         const LOST_DATA_OVERLAP_MARGIN_MS: u64 = 250;
         FaultRecord {
             freezes_supervisor: matches!(fault, Fault::FreezeGroup | Fault::FreezeSupervisor),
-            store_lost_data: fault == Fault::StoreRestart && self.backend.restart_loses_data(),
+            // A failover to an asynchronous replica may lose the last writes, whether or not
+            // the replica was made to lag.
+            store_lost_data: (fault == Fault::StoreRestart && self.backend.restart_loses_data())
+                || fault == Fault::PromoteReplica,
             // The candidates renew every ttl / 3; the answer and the kill take a moment more.
             lost_data_overlap_ms: u64::try_from((self.backend.ttl() / 3).as_millis())
                 .unwrap_or(u64::MAX)
