@@ -4,7 +4,7 @@
 
 mod sim;
 
-use sim::{Bug, Options, Report, run_seed};
+use sim::{Bug, Options, Report, StoreKind, run_seed};
 
 /// Seeds run by `cargo test`, split across tests so the harness runs them in parallel.
 const SEEDS: u64 = 200;
@@ -16,19 +16,36 @@ const SHARDS: u64 = 4;
 /// query's `max_wait + request_timeout`).
 const REGRESSION_SEEDS: &[u64] = &[256304];
 
+/// Seeds run by `cargo test` on each of the other stores (forgetful, non-atomic, queue).
+const STORE_SEEDS: u64 = 40;
+
 fn run_shard(shard: u64) {
-    check_seeds((0..SEEDS).filter(|seed| seed % SHARDS == shard));
+    check_seeds(
+        (0..SEEDS).filter(|seed| seed % SHARDS == shard),
+        Options::default(),
+    );
 }
 
-fn check_seeds(seeds: impl Iterator<Item = u64>) {
+fn run_store(store: StoreKind) {
+    let options = Options {
+        store: Some(store),
+        ..Options::default()
+    };
+    check_seeds(0..STORE_SEEDS, options);
+}
+
+fn check_seeds(seeds: impl Iterator<Item = u64>, options: Options) {
     let failures: Vec<Report> = seeds
-        .map(|seed| run_seed(seed, Options::default()))
+        .map(|seed| run_seed(seed, options))
         .filter(|report| !report.passed())
         .collect();
     for report in &failures {
         eprintln!(
-            "seed {} failed ({}); replay: cargo run --release --example sim -- --seed {}",
-            report.seed, report.settings, report.seed
+            "seed {} failed ({}); replay: cargo run --release --example sim -- --seed {} --store {}",
+            report.seed,
+            report.settings,
+            report.seed,
+            options.store().name()
         );
         for violation in &report.violations {
             eprintln!("  {violation}");
@@ -63,30 +80,64 @@ fn seeds_3_mod_4_keep_every_invariant() {
 
 #[test]
 fn regression_seeds_keep_every_invariant() {
-    check_seeds(REGRESSION_SEEDS.iter().copied());
+    check_seeds(REGRESSION_SEEDS.iter().copied(), Options::default());
+}
+
+#[test]
+fn a_store_that_forgets_keeps_every_invariant() {
+    run_store(StoreKind::Forgetful);
+}
+
+#[test]
+fn a_non_atomic_store_keeps_every_invariant() {
+    run_store(StoreKind::NonAtomic);
+}
+
+#[test]
+fn an_ordered_queue_keeps_every_invariant() {
+    run_store(StoreKind::Queue);
 }
 
 #[test]
 fn a_seed_replays_the_same_history() {
-    for seed in [7, 198, 1234] {
-        let first = run_seed(seed, Options::default());
-        let second = run_seed(seed, Options::default());
-        assert_eq!(first.history_hash, second.history_hash, "seed {seed}");
-        assert_eq!(first.stats.requests, second.stats.requests, "seed {seed}");
-        assert!(
-            first.stats.terms > 0,
-            "seed {seed}: nobody was ever elected"
-        );
+    for store in StoreKind::ALL {
+        let options = Options {
+            store: Some(store),
+            ..Options::default()
+        };
+        for seed in [7, 198, 1234] {
+            let first = run_seed(seed, options);
+            let second = run_seed(seed, options);
+            let name = store.name();
+            assert_eq!(
+                first.history_hash, second.history_hash,
+                "{name} seed {seed}"
+            );
+            assert_eq!(
+                first.stats.requests, second.stats.requests,
+                "{name} seed {seed}"
+            );
+            assert!(
+                first.stats.terms > 0,
+                "{name} seed {seed}: nobody was ever elected"
+            );
+        }
     }
 }
 
 /// The first seed (below `limit`) whose run with `bug` planted breaks an invariant.
 fn first_catch(bug: Bug, limit: u64) -> Option<Report> {
+    first_catch_in(bug, 0..limit)
+}
+
+/// The first seed of `seeds` whose run with `bug` planted breaks an invariant (on the bug's
+/// store).
+fn first_catch_in(bug: Bug, seeds: std::ops::Range<u64>) -> Option<Report> {
     let options = Options {
         bug: Some(bug),
-        verbose: false,
+        ..Options::default()
     };
-    (0..limit)
+    seeds
         .map(|seed| run_seed(seed, options))
         .find(|report| !report.passed())
 }
@@ -106,9 +157,12 @@ fn a_store_that_shortens_leases_is_caught() {
 
 #[test]
 fn a_backend_that_reports_receive_times_is_caught() {
-    // Rarer: it takes a slow reply to be the last renewal confirmed before a loss. Seed 124
-    // is the first to catch it today.
-    let report = first_catch(Bug::ReceiveTime, 400).expect("some seed catches receive times");
+    // Rarer: it takes a slow reply to be the last renewal confirmed before a loss. Seed 297
+    // is the first to catch it today (seed 124 when this test was written; the engine has
+    // changed since). Scanning from 0 took 16 s in debug on a loaded machine: the test scans
+    // from 280; `--bug receive-time` scans from 0.
+    let report =
+        first_catch_in(Bug::ReceiveTime, 280..400).expect("some seed catches receive times");
     assert!(
         report
             .violations
@@ -124,6 +178,41 @@ fn a_store_that_reuses_tokens_is_caught() {
     let report = first_catch(Bug::TokenReuse, 50).expect("some seed catches a reused token");
     assert!(
         report.violations.iter().any(|v| v.contains("did not grow")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_counter_from_zero_after_a_restart_is_caught() {
+    let report =
+        first_catch(Bug::CounterFromZero, 50).expect("some seed catches a counter from zero");
+    assert!(
+        report.violations.iter().any(|v| v.contains("did not grow")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_non_atomic_acquire_without_settling_is_caught() {
+    // Rare: an `add` must be held up while another candidate's whole term begins and ends.
+    // From seed 0, seed 223 is the first to catch it (4 of the first 3,000 do; SIMULATION.md):
+    // the test scans from 200, to stay quick in debug; `--bug no-settle` scans from 0.
+    let report =
+        first_catch_in(Bug::NoSettle, 200..300).expect("some seed catches a missing settle");
+    assert!(
+        report.violations.iter().any(|v| v.contains("did not grow")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn an_orphaned_key_is_caught() {
+    let report = first_catch(Bug::Orphan, 100).expect("some seed catches an orphan");
+    assert!(
+        report.violations.iter().any(|v| v.contains("an orphan")),
         "{:?}",
         report.violations
     );
