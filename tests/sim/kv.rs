@@ -335,8 +335,10 @@ impl State {
 
     /// The orphan check, when a try of `client` returned an answer: if the try's first read
     /// found the key naming the client's own owner, the try must have taken it (the client
-    /// holds it now) or the key must no longer name it. Otherwise the key names a candidate
-    /// that does not lead, and nobody renews it: an orphan until it expires.
+    /// holds it now) or that key must be gone (expired, replaced; a late request of an
+    /// earlier try may have written a new one since, which the next try adopts). Otherwise
+    /// the key names a candidate that does not lead, and nobody renews it: an orphan until it
+    /// expires.
     pub fn kv_check_orphan(
         &mut self,
         client: usize,
@@ -354,6 +356,7 @@ impl State {
         }
         if let Some(key) = &self.kv.key
             && key.owner == owner
+            && key.token == token
         {
             let expires = self.ms(key.expires_at);
             let message = format!(
