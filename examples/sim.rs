@@ -24,7 +24,8 @@ const USAGE: &str = "usage: sim [--seeds N] [--start S] [--time-budget 60s] [--j
   stores: consul (the default), forgetful, non-atomic, queue; new (forgetful, non-atomic, queue
           in turn, by seed modulo 3); all (the four in turn, by seed modulo 4)
   planted bugs: short-lease, receive-time, token-reuse (consul); counter-from-zero (forgetful),
-          no-settle (non-atomic), orphan (forgetful); a bug runs on its store unless --store says";
+          no-settle (non-atomic), orphan (forgetful), predecessor-only (queue); a bug runs on its
+          store unless --store says";
 
 /// Which store each seed runs on.
 #[derive(Clone, Copy, Debug)]

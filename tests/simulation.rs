@@ -17,7 +17,7 @@ const SHARDS: u64 = 4;
 const REGRESSION_SEEDS: &[u64] = &[256304];
 
 /// Seeds run by `cargo test` on each of the other stores (forgetful, non-atomic, queue).
-const STORE_SEEDS: u64 = 40;
+const STORE_SEEDS: u64 = 25;
 
 fn run_shard(shard: u64) {
     check_seeds(
@@ -213,6 +213,22 @@ fn an_orphaned_key_is_caught() {
     let report = first_catch(Bug::Orphan, 100).expect("some seed catches an orphan");
     assert!(
         report.violations.iter().any(|v| v.contains("an orphan")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_follower_that_only_watches_its_predecessor_is_caught() {
+    let report = first_catch(Bug::PredecessorOnly, 100)
+        .expect("some seed catches a follower that skips the nodes ahead");
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.contains("two terms in force")
+                || v.contains("several candidates lead")
+                || v.contains("not cancelled")),
         "{:?}",
         report.violations
     );

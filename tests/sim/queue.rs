@@ -8,10 +8,12 @@
 //! Creating a node is idempotent per session (etcd's key names the lease, ZooKeeper's node
 //! carries the session's guid): a retry after a lost answer finds the node it created.
 
+use std::collections::BTreeMap;
+
 use incumbent::backend::{Attempt, Candidate, Leader, LockLoss};
 use tokio::time::Instant;
 
-use super::world::State;
+use super::world::{Bug, State};
 
 /// One candidate's node.
 #[derive(Clone, Debug)]
@@ -30,6 +32,9 @@ pub struct QueueState {
     revision: u64,
     /// The node that heads the queue, as last granted.
     granted: Option<u64>,
+    /// Per session, the session of the node just ahead of its own at its last acquisition
+    /// (for [`Bug::PredecessorOnly`]).
+    waits_for: BTreeMap<u64, u64>,
 }
 
 impl QueueState {
@@ -68,6 +73,27 @@ impl State {
             });
             self.queue_promote(now);
             self.bump();
+        }
+        let place = self.queue.nodes.iter().position(|n| n.session == session);
+        if self.params.bug == Some(Bug::PredecessorOnly)
+            && let Some(place) = place
+            && let Some(waited) = self.queue.waits_for.get(&session)
+            && !self.queue.nodes.iter().any(|n| n.session == *waited)
+        {
+            // The bug: the node we waited for is gone, so we take ourselves for the head
+            // (the client's logic, evaluated here with the answer it reads).
+            return Attempt::Won {
+                fencing_token: self.queue.nodes[place].revision,
+            };
+        }
+        match place {
+            Some(place) if place > 0 => {
+                let ahead = self.queue.nodes[place - 1].session;
+                self.queue.waits_for.insert(session, ahead);
+            }
+            _ => {
+                self.queue.waits_for.remove(&session);
+            }
         }
         match self.queue.head() {
             Some(head) if head.session == session => Attempt::Won {

@@ -44,17 +44,23 @@ pub enum Bug {
     /// A polled store's contender that does not adopt a key naming its own owner id (written
     /// by an acquisition whose answer was lost): it follows its own orphan until it expires.
     Orphan,
+    /// An ordered queue's follower that, once the node it waited for (its predecessor) is
+    /// gone, takes itself for the head without looking at the nodes ahead of it: a
+    /// predecessor that left the queue (its session expired, it resigned while following)
+    /// is not the holder going.
+    PredecessorOnly,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 7] = [
         Bug::ShortLease,
         Bug::ReceiveTime,
         Bug::TokenReuse,
         Bug::CounterFromZero,
         Bug::NoSettle,
         Bug::Orphan,
+        Bug::PredecessorOnly,
     ];
 
     /// The name used on the command line.
@@ -66,6 +72,7 @@ impl Bug {
             Bug::CounterFromZero => "counter-from-zero",
             Bug::NoSettle => "no-settle",
             Bug::Orphan => "orphan",
+            Bug::PredecessorOnly => "predecessor-only",
         }
     }
 
@@ -76,6 +83,7 @@ impl Bug {
             Bug::ShortLease | Bug::ReceiveTime | Bug::TokenReuse => StoreKind::Consul,
             Bug::CounterFromZero | Bug::Orphan => StoreKind::Forgetful,
             Bug::NoSettle => StoreKind::NonAtomic,
+            Bug::PredecessorOnly => StoreKind::Queue,
         }
     }
 
