@@ -16,6 +16,11 @@ const SHARDS: u64 = 4;
 /// query's `max_wait + request_timeout`).
 const REGRESSION_SEEDS: &[u64] = &[256304];
 
+/// Seeds of the forgetful store that once failed: 31092 and 44007, where a late acquisition of
+/// an earlier try wrote a new key naming the candidate while a try adopted the old one (the
+/// orphan check took the new key for the old).
+const FORGETFUL_REGRESSION_SEEDS: &[u64] = &[31092, 44007];
+
 /// Seeds run by `cargo test` on each of the other stores (forgetful, non-atomic, queue).
 const STORE_SEEDS: u64 = 25;
 
@@ -81,6 +86,15 @@ fn seeds_3_mod_4_keep_every_invariant() {
 #[test]
 fn regression_seeds_keep_every_invariant() {
     check_seeds(REGRESSION_SEEDS.iter().copied(), Options::default());
+}
+
+#[test]
+fn forgetful_regression_seeds_keep_every_invariant() {
+    let options = Options {
+        store: Some(StoreKind::Forgetful),
+        ..Options::default()
+    };
+    check_seeds(FORGETFUL_REGRESSION_SEEDS.iter().copied(), options);
 }
 
 #[test]
