@@ -247,3 +247,20 @@ fn a_follower_that_only_watches_its_predecessor_is_caught() {
         report.violations
     );
 }
+
+/// A finding of the million-seed run, not fixed (in `src/memcached`, not here): seed 244930
+/// of the non-atomic store. After a restart, c0 found the counter missing and sent `add` of
+/// the counter seeded with its clock (15,099 ms); the request was held up. Meanwhile c1
+/// created the counter at 15,453 and led with 15,454; the store restarted again (15,683 ms)
+/// and forgot it; then c0's late `add` arrived and created the counter at the stale 15,099,
+/// and c0, on its next try, led with 15,100. A process restart resets the connections, so a
+/// request cannot cross one; a `flush_all` or an eviction of the counter keeps them.
+#[test]
+#[ignore = "finding: memcached's counter seeded from a stale clock by a delayed add (SIMULATION.md)"]
+fn a_counter_seeded_by_a_delayed_add_does_not_send_tokens_back() {
+    let options = Options {
+        store: Some(StoreKind::NonAtomic),
+        ..Options::default()
+    };
+    check_seeds([244930].into_iter(), options);
+}
