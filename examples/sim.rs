@@ -189,6 +189,7 @@ struct Totals {
     requests: u64,
     operator_faults: u64,
     operator_anomalies: u64,
+    restart_anomalies: u64,
     max_rps: u32,
     max_time_to_leader: Duration,
     restarts: u64,
@@ -241,6 +242,7 @@ fn main() {
                     t.requests += report.stats.requests;
                     t.operator_faults += report.stats.operator_faults;
                     t.operator_anomalies += report.stats.operator_anomalies;
+                    t.restart_anomalies += report.stats.restart_anomalies;
                     t.restarts += report.stats.restarts;
                     t.max_rps = t.max_rps.max(report.stats.max_requests_per_second);
                     if let Some(ttl) = report.time_to_leader {
@@ -285,7 +287,7 @@ fn main() {
         t.seeds as f64 / wall.as_secs_f64().max(1e-9)
     );
     println!(
-        "simulated {:.0} s in all ({:.0}x real time); {} grants, {} terms, {} store requests, {} operator faults ({} terms begun on a grant an operator had undone), {} store restarts; at most {} requests per second per candidate; slowest leader after faults stopped: {:?}",
+        "simulated {:.0} s in all ({:.0}x real time); {} grants, {} terms, {} store requests, {} operator faults ({} terms begun on a grant an operator had undone), {} store restarts ({} terms begun on a grant a restart had forgotten); at most {} requests per second per candidate; slowest leader after faults stopped: {:?}",
         t.simulated.as_secs_f64(),
         t.simulated.as_secs_f64() / wall.as_secs_f64().max(1e-9),
         t.grants,
@@ -294,6 +296,7 @@ fn main() {
         t.operator_faults,
         t.operator_anomalies,
         t.restarts,
+        t.restart_anomalies,
         t.max_rps,
         t.max_time_to_leader
     );

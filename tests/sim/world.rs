@@ -292,6 +292,9 @@ pub struct Stats {
     /// the key was deleted or the session invalidated): exempt from the overlap and token
     /// checks, cancelled as soon as their client hears of the loss.
     pub operator_anomalies: u64,
+    /// Terms that began on a grant a store restart had already forgotten (the reply was in
+    /// flight when the store lost the key): exempt like the operator's, for the same reason.
+    pub restart_anomalies: u64,
     pub max_requests_per_second: u32,
     /// Restarts of a polled store that forgot its data.
     pub restarts: u64,
@@ -780,10 +783,16 @@ impl State {
                 format!("c{client} was elected with token {token} before the Demoted of its term {previous}: a lost Demoted"),
             );
         }
+        let forgotten = self.forgotten.contains(&token);
         if self.exempt.contains(&token) {
             self.stats.operator_anomalies += 1;
             self.record(now, || {
                 format!("c{client}'s term {token} began on a grant an operator already undid")
+            });
+        } else if forgotten {
+            self.stats.restart_anomalies += 1;
+            self.record(now, || {
+                format!("c{client}'s term {token} began on a grant a store restart already forgot")
             });
         } else if token <= self.max_token {
             let max = self.max_token;
@@ -792,7 +801,7 @@ impl State {
                 format!("c{client}'s token {token} did not grow (an earlier term had {max})"),
             );
         }
-        if !self.exempt.contains(&token) {
+        if !self.exempt.contains(&token) && !forgotten {
             self.max_token = self.max_token.max(token);
         }
         let mut found = Vec::new();
@@ -800,7 +809,8 @@ impl State {
             for rec in &view.terms {
                 let exempt = self.exempt.contains(&rec.token)
                     || self.exempt.contains(&token)
-                    || self.forgotten.contains(&rec.token);
+                    || self.forgotten.contains(&rec.token)
+                    || forgotten;
                 if !rec.term.is_cancelled() && !exempt {
                     found.push(format!(
                         "two terms in force at once: c{client}'s {token} and c{c}'s {}",
