@@ -4,6 +4,7 @@
 //! cargo run --release --example sim -- --seeds 100000 --time-budget 60s --jobs 2
 //! cargo run --release --example sim -- --seed 42          # replay one seed, with its history
 //! cargo run --release --example sim -- --bug short-lease  # plant a bug: some seed must fail
+//! cargo run --release --example sim -- --store new --seeds 30000   # the other stores, in turn
 //! ```
 //!
 //! Each job is a thread with its own current-thread runtime; seeds are handed out in order.
@@ -17,10 +18,42 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sim::{Bug, Options, Report, run_seed};
+use sim::{Bug, Options, Report, StoreKind, run_seed};
 
-const USAGE: &str = "usage: sim [--seeds N] [--start S] [--time-budget 60s] [--jobs J] [--bug NAME] [--stop-at-first] | --seed S [--bug NAME] [--quiet]
-  planted bugs: short-lease, receive-time, token-reuse";
+const USAGE: &str = "usage: sim [--seeds N] [--start S] [--time-budget 60s] [--jobs J] [--store STORE] [--bug NAME] [--stop-at-first] | --seed S [--store STORE] [--bug NAME] [--quiet]
+  stores: consul (the default), forgetful, non-atomic, queue; new (forgetful, non-atomic, queue
+          in turn, by seed modulo 3); all (the four in turn, by seed modulo 4)
+  planted bugs: short-lease, receive-time, token-reuse (consul); counter-from-zero (forgetful),
+          no-settle (non-atomic), orphan (forgetful), predecessor-only (queue); a bug runs on its
+          store unless --store says";
+
+/// Which store each seed runs on.
+#[derive(Clone, Copy, Debug)]
+enum Stores {
+    /// The default: Consul's, or the planted bug's store.
+    Default,
+    One(StoreKind),
+    /// In turn, by seed.
+    Cycle(&'static [StoreKind]),
+}
+
+impl Stores {
+    fn parse(name: &str) -> Option<Stores> {
+        match name {
+            "new" => Some(Stores::Cycle(&StoreKind::NEW)),
+            "all" => Some(Stores::Cycle(&StoreKind::ALL)),
+            name => StoreKind::parse(name).map(Stores::One),
+        }
+    }
+
+    fn of(self, seed: u64) -> Option<StoreKind> {
+        match self {
+            Stores::Default => None,
+            Stores::One(kind) => Some(kind),
+            Stores::Cycle(kinds) => Some(kinds[(seed % kinds.len() as u64) as usize]),
+        }
+    }
+}
 
 struct Args {
     seeds: u64,
@@ -28,6 +61,7 @@ struct Args {
     budget: Option<Duration>,
     jobs: usize,
     bug: Option<Bug>,
+    stores: Stores,
     replay: Option<u64>,
     quiet: bool,
     stop_at_first: bool,
@@ -55,6 +89,7 @@ fn parse() -> Result<Args, String> {
         budget: None,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bug: None,
+        stores: Stores::Default,
         replay: None,
         quiet: false,
         stop_at_first: false,
@@ -77,6 +112,10 @@ fn parse() -> Result<Args, String> {
                 let name = value()?;
                 args.bug = Some(Bug::parse(&name).ok_or(format!("unknown bug {name:?}"))?);
             }
+            "--store" => {
+                let name = value()?;
+                args.stores = Stores::parse(&name).ok_or(format!("unknown store {name:?}"))?;
+            }
             "--quiet" => args.quiet = true,
             "--stop-at-first" => args.stop_at_first = true,
             "--help" | "-h" => return Err(String::new()),
@@ -90,29 +129,33 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-fn replay_command(seed: u64, bug: Option<Bug>) -> String {
-    let bug = bug
+fn replay_command(seed: u64, options: Options) -> String {
+    let bug = options
+        .bug
         .map(|b| format!(" --bug {}", b.name()))
         .unwrap_or_default();
-    format!("cargo run --release --example sim -- --seed {seed}{bug}")
+    let store = options
+        .store
+        .map(|s| format!(" --store {}", s.name()))
+        .unwrap_or_default();
+    format!("cargo run --release --example sim -- --seed {seed}{store}{bug}")
 }
 
-fn print_failure(report: &Report, bug: Option<Bug>) {
+fn print_failure(report: &Report, options: Options) {
     println!("FAIL seed {} ({})", report.seed, report.settings);
     for violation in &report.violations {
         println!("  {violation}");
     }
-    println!("  replay: {}", replay_command(report.seed, bug));
+    println!("  replay: {}", replay_command(report.seed, options));
 }
 
 fn replay(seed: u64, args: &Args) -> bool {
-    let report = run_seed(
-        seed,
-        Options {
-            bug: args.bug,
-            verbose: !args.quiet,
-        },
-    );
+    let options = Options {
+        bug: args.bug,
+        verbose: !args.quiet,
+        store: args.stores.of(seed),
+    };
+    let report = run_seed(seed, options);
     for line in &report.trace {
         println!("{line}");
     }
@@ -132,7 +175,7 @@ fn replay(seed: u64, args: &Args) -> bool {
     if report.passed() {
         println!("ok: every invariant held");
     } else {
-        print_failure(&report, args.bug);
+        print_failure(&report, options);
     }
     report.passed()
 }
@@ -146,8 +189,10 @@ struct Totals {
     requests: u64,
     operator_faults: u64,
     operator_anomalies: u64,
+    restart_anomalies: u64,
     max_rps: u32,
     max_time_to_leader: Duration,
+    restarts: u64,
     failures: Vec<u64>,
 }
 
@@ -183,13 +228,12 @@ fn main() {
                     if seed >= end {
                         return;
                     }
-                    let report = run_seed(
-                        seed,
-                        Options {
-                            bug: args.bug,
-                            verbose: false,
-                        },
-                    );
+                    let options = Options {
+                        bug: args.bug,
+                        verbose: false,
+                        store: args.stores.of(seed),
+                    };
+                    let report = run_seed(seed, options);
                     let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
                     t.seeds += 1;
                     t.simulated += report.simulated;
@@ -198,13 +242,15 @@ fn main() {
                     t.requests += report.stats.requests;
                     t.operator_faults += report.stats.operator_faults;
                     t.operator_anomalies += report.stats.operator_anomalies;
+                    t.restart_anomalies += report.stats.restart_anomalies;
+                    t.restarts += report.stats.restarts;
                     t.max_rps = t.max_rps.max(report.stats.max_requests_per_second);
                     if let Some(ttl) = report.time_to_leader {
                         t.max_time_to_leader = t.max_time_to_leader.max(ttl);
                     }
                     if !report.passed() {
                         t.failures.push(seed);
-                        print_failure(&report, args.bug);
+                        print_failure(&report, options);
                         if args.stop_at_first {
                             stop.store(true, Ordering::Relaxed);
                         }
@@ -216,8 +262,24 @@ fn main() {
     let t = totals.into_inner().unwrap_or_else(|p| p.into_inner());
     let wall = began.elapsed();
     let bug = args.bug.map_or("none".to_owned(), |b| b.name().to_owned());
+    let stores = match args.stores {
+        Stores::Default => args
+            .bug
+            .map_or(StoreKind::Consul, Bug::store)
+            .name()
+            .to_owned(),
+        Stores::One(kind) => kind.name().to_owned(),
+        Stores::Cycle(kinds) => {
+            kinds
+                .iter()
+                .map(|k| k.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+                + " in turn"
+        }
+    };
     println!(
-        "{} seeds (from {}) in {:.1} s on {} jobs: {:.0} seeds/s; planted bug: {bug}",
+        "{} seeds (from {}) in {:.1} s on {} jobs: {:.0} seeds/s; store: {stores}; planted bug: {bug}",
         t.seeds,
         args.start,
         wall.as_secs_f64(),
@@ -225,7 +287,7 @@ fn main() {
         t.seeds as f64 / wall.as_secs_f64().max(1e-9)
     );
     println!(
-        "simulated {:.0} s in all ({:.0}x real time); {} grants, {} terms, {} store requests, {} operator faults ({} terms begun on a grant an operator had undone); at most {} requests per second per candidate; slowest leader after faults stopped: {:?}",
+        "simulated {:.0} s in all ({:.0}x real time); {} grants, {} terms, {} store requests, {} operator faults ({} terms begun on a grant an operator had undone), {} store restarts ({} terms begun on a grant a restart had forgotten); at most {} requests per second per candidate; slowest leader after faults stopped: {:?}",
         t.simulated.as_secs_f64(),
         t.simulated.as_secs_f64() / wall.as_secs_f64().max(1e-9),
         t.grants,
@@ -233,6 +295,8 @@ fn main() {
         t.requests,
         t.operator_faults,
         t.operator_anomalies,
+        t.restarts,
+        t.restart_anomalies,
         t.max_rps,
         t.max_time_to_leader
     );

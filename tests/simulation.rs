@@ -4,7 +4,7 @@
 
 mod sim;
 
-use sim::{Bug, Options, Report, run_seed};
+use sim::{Bug, Options, Report, StoreKind, run_seed};
 
 /// Seeds run by `cargo test`, split across tests so the harness runs them in parallel.
 const SEEDS: u64 = 200;
@@ -16,19 +16,43 @@ const SHARDS: u64 = 4;
 /// query's `max_wait + request_timeout`).
 const REGRESSION_SEEDS: &[u64] = &[256304];
 
+/// Seeds of the forgetful store that once failed: 31092 and 44007, where a late acquisition of
+/// an earlier try wrote a new key naming the candidate while a try adopted the old one (the
+/// orphan check took the new key for the old); 640176, where c0's term began on a grant the
+/// store had forgotten in a restart while the reply was on its way, after c1's term on the
+/// next grant (an anomaly no engine can prevent, exempt like an operator's).
+const FORGETFUL_REGRESSION_SEEDS: &[u64] = &[31092, 44007, 640176];
+
+/// Seeds run by `cargo test` on each of the other stores (forgetful, non-atomic, queue).
+const STORE_SEEDS: u64 = 25;
+
 fn run_shard(shard: u64) {
-    check_seeds((0..SEEDS).filter(|seed| seed % SHARDS == shard));
+    check_seeds(
+        (0..SEEDS).filter(|seed| seed % SHARDS == shard),
+        Options::default(),
+    );
 }
 
-fn check_seeds(seeds: impl Iterator<Item = u64>) {
+fn run_store(store: StoreKind) {
+    let options = Options {
+        store: Some(store),
+        ..Options::default()
+    };
+    check_seeds(0..STORE_SEEDS, options);
+}
+
+fn check_seeds(seeds: impl Iterator<Item = u64>, options: Options) {
     let failures: Vec<Report> = seeds
-        .map(|seed| run_seed(seed, Options::default()))
+        .map(|seed| run_seed(seed, options))
         .filter(|report| !report.passed())
         .collect();
     for report in &failures {
         eprintln!(
-            "seed {} failed ({}); replay: cargo run --release --example sim -- --seed {}",
-            report.seed, report.settings, report.seed
+            "seed {} failed ({}); replay: cargo run --release --example sim -- --seed {} --store {}",
+            report.seed,
+            report.settings,
+            report.seed,
+            options.store().name()
         );
         for violation in &report.violations {
             eprintln!("  {violation}");
@@ -63,30 +87,73 @@ fn seeds_3_mod_4_keep_every_invariant() {
 
 #[test]
 fn regression_seeds_keep_every_invariant() {
-    check_seeds(REGRESSION_SEEDS.iter().copied());
+    check_seeds(REGRESSION_SEEDS.iter().copied(), Options::default());
+}
+
+#[test]
+fn forgetful_regression_seeds_keep_every_invariant() {
+    let options = Options {
+        store: Some(StoreKind::Forgetful),
+        ..Options::default()
+    };
+    check_seeds(FORGETFUL_REGRESSION_SEEDS.iter().copied(), options);
+}
+
+#[test]
+fn a_store_that_forgets_keeps_every_invariant() {
+    run_store(StoreKind::Forgetful);
+}
+
+#[test]
+fn a_non_atomic_store_keeps_every_invariant() {
+    run_store(StoreKind::NonAtomic);
+}
+
+#[test]
+fn an_ordered_queue_keeps_every_invariant() {
+    run_store(StoreKind::Queue);
 }
 
 #[test]
 fn a_seed_replays_the_same_history() {
-    for seed in [7, 198, 1234] {
-        let first = run_seed(seed, Options::default());
-        let second = run_seed(seed, Options::default());
-        assert_eq!(first.history_hash, second.history_hash, "seed {seed}");
-        assert_eq!(first.stats.requests, second.stats.requests, "seed {seed}");
-        assert!(
-            first.stats.terms > 0,
-            "seed {seed}: nobody was ever elected"
-        );
+    for store in StoreKind::ALL {
+        let options = Options {
+            store: Some(store),
+            ..Options::default()
+        };
+        for seed in [7, 198, 1234] {
+            let first = run_seed(seed, options);
+            let second = run_seed(seed, options);
+            let name = store.name();
+            assert_eq!(
+                first.history_hash, second.history_hash,
+                "{name} seed {seed}"
+            );
+            assert_eq!(
+                first.stats.requests, second.stats.requests,
+                "{name} seed {seed}"
+            );
+            assert!(
+                first.stats.terms > 0,
+                "{name} seed {seed}: nobody was ever elected"
+            );
+        }
     }
 }
 
 /// The first seed (below `limit`) whose run with `bug` planted breaks an invariant.
 fn first_catch(bug: Bug, limit: u64) -> Option<Report> {
+    first_catch_in(bug, 0..limit)
+}
+
+/// The first seed of `seeds` whose run with `bug` planted breaks an invariant (on the bug's
+/// store).
+fn first_catch_in(bug: Bug, seeds: std::ops::Range<u64>) -> Option<Report> {
     let options = Options {
         bug: Some(bug),
-        verbose: false,
+        ..Options::default()
     };
-    (0..limit)
+    seeds
         .map(|seed| run_seed(seed, options))
         .find(|report| !report.passed())
 }
@@ -106,9 +173,12 @@ fn a_store_that_shortens_leases_is_caught() {
 
 #[test]
 fn a_backend_that_reports_receive_times_is_caught() {
-    // Rarer: it takes a slow reply to be the last renewal confirmed before a loss. Seed 124
-    // is the first to catch it today.
-    let report = first_catch(Bug::ReceiveTime, 400).expect("some seed catches receive times");
+    // Rarer: it takes a slow reply to be the last renewal confirmed before a loss. Seed 297
+    // is the first to catch it today (seed 124 when this test was written; the engine has
+    // changed since). Scanning from 0 took 16 s in debug on a loaded machine: the test scans
+    // from 280; `--bug receive-time` scans from 0.
+    let report =
+        first_catch_in(Bug::ReceiveTime, 280..400).expect("some seed catches receive times");
     assert!(
         report
             .violations
@@ -127,4 +197,72 @@ fn a_store_that_reuses_tokens_is_caught() {
         "{:?}",
         report.violations
     );
+}
+
+#[test]
+fn a_counter_from_zero_after_a_restart_is_caught() {
+    let report =
+        first_catch(Bug::CounterFromZero, 50).expect("some seed catches a counter from zero");
+    assert!(
+        report.violations.iter().any(|v| v.contains("did not grow")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_non_atomic_acquire_without_settling_is_caught() {
+    // Rare: an `add` must be held up while another candidate's whole term begins and ends.
+    // From seed 0, seed 223 is the first to catch it (4 of the first 3,000 do; SIMULATION.md):
+    // the test scans from 200, to stay quick in debug; `--bug no-settle` scans from 0.
+    let report =
+        first_catch_in(Bug::NoSettle, 200..300).expect("some seed catches a missing settle");
+    assert!(
+        report.violations.iter().any(|v| v.contains("did not grow")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn an_orphaned_key_is_caught() {
+    let report = first_catch(Bug::Orphan, 100).expect("some seed catches an orphan");
+    assert!(
+        report.violations.iter().any(|v| v.contains("an orphan")),
+        "{:?}",
+        report.violations
+    );
+}
+
+#[test]
+fn a_follower_that_only_watches_its_predecessor_is_caught() {
+    let report = first_catch(Bug::PredecessorOnly, 100)
+        .expect("some seed catches a follower that skips the nodes ahead");
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.contains("two terms in force")
+                || v.contains("several candidates lead")
+                || v.contains("not cancelled")),
+        "{:?}",
+        report.violations
+    );
+}
+
+/// A finding of the million-seed run, not fixed (in `src/memcached`, not here): seed 244930
+/// of the non-atomic store. After a restart, c0 found the counter missing and sent `add` of
+/// the counter seeded with its clock (15,099 ms); the request was held up. Meanwhile c1
+/// created the counter at 15,453 and led with 15,454; the store restarted again (15,683 ms)
+/// and forgot it; then c0's late `add` arrived and created the counter at the stale 15,099,
+/// and c0, on its next try, led with 15,100. A process restart resets the connections, so a
+/// request cannot cross one; a `flush_all` or an eviction of the counter keeps them.
+#[test]
+#[ignore = "finding: memcached's counter seeded from a stale clock by a delayed add (SIMULATION.md)"]
+fn a_counter_seeded_by_a_delayed_add_does_not_send_tokens_back() {
+    let options = Options {
+        store: Some(StoreKind::NonAtomic),
+        ..Options::default()
+    };
+    check_seeds([244930].into_iter(), options);
 }

@@ -10,6 +10,8 @@
 // The test and the `sim` example each use part of this module.
 #![allow(dead_code)]
 
+pub mod kv;
+pub mod queue;
 pub mod store;
 pub mod world;
 
@@ -17,11 +19,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fastrand::Rng;
+use incumbent::backend::Backend;
 use incumbent::{Campaign, CampaignHandle, Election, LeadershipEvent, Term, TermGuard};
 use tokio::time::{Instant, sleep, sleep_until};
 
+pub use kv::KvBackend;
 pub use store::{Link, SimBackend, World};
-pub use world::{Bug, Params, Profile, State, Stats};
+pub use world::{Bug, Params, Profile, State, Stats, StoreKind};
 
 /// The number of candidates.
 pub const CANDIDATES: usize = 3;
@@ -37,6 +41,17 @@ pub struct Options {
     pub bug: Option<Bug>,
     /// Keep the history of the run, to print it.
     pub verbose: bool,
+    /// The store to simulate; by default Consul's, or the planted bug's store.
+    pub store: Option<StoreKind>,
+}
+
+impl Options {
+    /// The store this run simulates.
+    pub fn store(&self) -> StoreKind {
+        self.store
+            .or(self.bug.map(Bug::store))
+            .unwrap_or(StoreKind::Consul)
+    }
 }
 
 /// What one seed's run found.
@@ -65,7 +80,7 @@ impl Report {
 }
 
 /// Draws a run's settings from its seed.
-fn params(rng: &mut Rng, bug: Option<Bug>) -> Params {
+fn params(rng: &mut Rng, bug: Option<Bug>, store: StoreKind) -> Params {
     let ttl = Duration::from_millis([500, 1000, 2000][rng.usize(..3)]);
     let lock_delay = match rng.u32(..3) {
         0 => None,
@@ -74,7 +89,7 @@ fn params(rng: &mut Rng, bug: Option<Bug>) -> Params {
             rng.u64(1..=ttl.as_millis() as u64 / 2),
         )),
     };
-    Params {
+    let mut params = Params {
         ttl,
         lock_delay,
         request_timeout: ttl,
@@ -85,7 +100,28 @@ fn params(rng: &mut Rng, bug: Option<Bug>) -> Params {
         intensity: 0.2 + 0.8 * rng.f32(),
         faults_for: Duration::from_millis(rng.u64(5_000..=20_000)),
         bug,
+        store,
+        poll: Duration::ZERO,
+        restarts: false,
+    };
+    // The other stores draw more, after Consul's draws: Consul's seeds stay as they were.
+    if store != StoreKind::Consul {
+        // No lock-delay but Consul's.
+        params.lock_delay = None;
     }
+    if store.polled() {
+        if store == StoreKind::NonAtomic && params.ttl < Duration::from_secs(1) {
+            // memcached counts expiry in whole seconds.
+            params.ttl = Duration::from_secs(1);
+            params.grace = params.ttl / 2;
+        }
+        let ttl = params.ttl.as_millis() as u64;
+        // A client of a polled store gives up sooner than a blocking query's: a quarter ttl.
+        params.request_timeout = params.ttl / 4;
+        params.poll = Duration::from_millis(rng.u64(ttl / 5..=ttl / 2));
+        params.restarts = store == StoreKind::Forgetful || rng.u32(..100) < 30;
+    }
+    params
 }
 
 /// Runs one seed on a fresh current-thread runtime with paused time.
@@ -103,7 +139,7 @@ pub fn run_seed(seed: u64, options: Options) -> Report {
 
 async fn simulate(seed: u64, options: Options) -> Report {
     let mut rng = Rng::with_seed(seed);
-    let params = params(&mut rng, options.bug);
+    let params = params(&mut rng, options.bug, options.store());
     let start = Instant::now();
     let world = World::new(
         State::new(rng, params.clone(), CANDIDATES, options.verbose),
@@ -112,23 +148,15 @@ async fn simulate(seed: u64, options: Options) -> Report {
     let settings = world.lock().describe();
     tokio::spawn(world.clone().reap());
 
-    let mut handles = Vec::new();
-    for client in 0..CANDIDATES {
-        let backend = SimBackend::new(world.clone(), client);
-        let mut builder = Election::builder(backend, ELECTION)
-            .candidate(format!("c{client}"))
-            .ttl(params.ttl)
-            .backoff(params.backoff.0, params.backoff.1)
-            .grace(params.grace);
-        if let Some(delay) = params.lock_delay {
-            builder = builder.lock_delay(delay);
-        }
-        let election = builder.build().expect("valid simulated settings");
-        let campaign = election.campaign();
-        world.lock().add_view(campaign.status());
-        handles.push(campaign.handle());
-        tokio::spawn(collect(world.clone(), client, campaign));
-    }
+    let handles = if params.store.polled() {
+        campaigns(&world, &params, |client| {
+            KvBackend::new(world.clone(), client)
+        })
+    } else {
+        campaigns(&world, &params, |client| {
+            SimBackend::new(world.clone(), client)
+        })
+    };
     tokio::spawn(chaos(world.clone(), handles, start + params.faults_for));
 
     // The periodic step, and liveness: once the faults stop, a leader within the bound.
@@ -173,6 +201,31 @@ async fn simulate(seed: u64, options: Options) -> Report {
         history_hash: state.hash(),
         trace: state.take_trace(),
     }
+}
+
+/// Starts the three campaigns, each on its own client of the store.
+fn campaigns<B: Backend>(
+    world: &Arc<World>,
+    params: &Params,
+    backend: impl Fn(usize) -> B,
+) -> Vec<CampaignHandle> {
+    let mut handles = Vec::new();
+    for client in 0..CANDIDATES {
+        let mut builder = Election::builder(backend(client), ELECTION)
+            .candidate(format!("c{client}"))
+            .ttl(params.ttl)
+            .backoff(params.backoff.0, params.backoff.1)
+            .grace(params.grace);
+        if let Some(delay) = params.lock_delay {
+            builder = builder.lock_delay(delay);
+        }
+        let election = builder.build().expect("valid simulated settings");
+        let campaign = election.campaign();
+        world.lock().add_view(campaign.status());
+        handles.push(campaign.handle());
+        tokio::spawn(collect(world.clone(), client, campaign));
+    }
+    handles
 }
 
 /// Reads one campaign's events into the checker, and runs a simulated worker per term.
@@ -300,6 +353,7 @@ async fn chaos(world: Arc<World>, handles: Vec<CampaignHandle>, calm_at: Instant
             }
             70..=74 if state.params.operator_faults => state.operator_invalidate(now),
             75..=77 if state.params.operator_faults => state.operator_delete(now),
+            78..=84 if state.params.restarts => state.kv_restart(now),
             _ => {}
         }
     }

@@ -139,7 +139,7 @@ impl SimBackend {
     }
 
     /// Sends one request: `op` is applied by the store when (if) the request arrives.
-    fn call<T, F>(&self, op: F) -> impl Future<Output = Result<T>> + Send + use<T, F>
+    pub(super) fn call<T, F>(&self, op: F) -> impl Future<Output = Result<T>> + Send + use<T, F>
     where
         T: Send + 'static,
         F: FnOnce(&mut State, Instant) -> T + Send + 'static,

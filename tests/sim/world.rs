@@ -17,6 +17,9 @@ use std::sync::Arc;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use super::kv::KvState;
+use super::queue::QueueState;
+
 /// A bug planted in the simulated store or backend, to show that the checker catches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bug {
@@ -31,11 +34,34 @@ pub enum Bug {
     /// The store hands out the previous token again after a release, instead of a greater
     /// one.
     TokenReuse,
+    /// A polled store (Redis, memcached) that restarted without its data: the next token is
+    /// the counter + 1 from a counter that starts again at zero, not
+    /// `max(counter + 1, store clock in ms, floor + 1)`.
+    CounterFromZero,
+    /// memcached's acquisition (`incr`, then `add`) without the settle step: a candidate
+    /// whose `add` arrives late leads with a token below one handed out meanwhile.
+    NoSettle,
+    /// A polled store's contender that does not adopt a key naming its own owner id (written
+    /// by an acquisition whose answer was lost): it follows its own orphan until it expires.
+    Orphan,
+    /// An ordered queue's follower that, once the node it waited for (its predecessor) is
+    /// gone, takes itself for the head without looking at the nodes ahead of it: a
+    /// predecessor that left the queue (its session expired, it resigned while following)
+    /// is not the holder going.
+    PredecessorOnly,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 3] = [Bug::ShortLease, Bug::ReceiveTime, Bug::TokenReuse];
+    pub const ALL: [Bug; 7] = [
+        Bug::ShortLease,
+        Bug::ReceiveTime,
+        Bug::TokenReuse,
+        Bug::CounterFromZero,
+        Bug::NoSettle,
+        Bug::Orphan,
+        Bug::PredecessorOnly,
+    ];
 
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
@@ -43,12 +69,76 @@ impl Bug {
             Bug::ShortLease => "short-lease",
             Bug::ReceiveTime => "receive-time",
             Bug::TokenReuse => "token-reuse",
+            Bug::CounterFromZero => "counter-from-zero",
+            Bug::NoSettle => "no-settle",
+            Bug::Orphan => "orphan",
+            Bug::PredecessorOnly => "predecessor-only",
+        }
+    }
+
+    /// The store the bug lives in, when no store is chosen: the bugs of the polled stores
+    /// need their store.
+    pub fn store(self) -> StoreKind {
+        match self {
+            Bug::ShortLease | Bug::ReceiveTime | Bug::TokenReuse => StoreKind::Consul,
+            Bug::CounterFromZero | Bug::Orphan => StoreKind::Forgetful,
+            Bug::NoSettle => StoreKind::NonAtomic,
+            Bug::PredecessorOnly => StoreKind::Queue,
         }
     }
 
     /// Parses a name given on the command line.
     pub fn parse(name: &str) -> Option<Bug> {
         Bug::ALL.into_iter().find(|bug| bug.name() == name)
+    }
+}
+
+/// The store a run simulates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreKind {
+    /// Consul: sessions with a ttl, a lock acquired by session, a lock-delay, blocking
+    /// queries.
+    #[default]
+    Consul,
+    /// Redis without persistence: one key per election taken with its token in one atomic
+    /// step (a script), renewed by the candidate's own renewals, polled by followers; the
+    /// store restarts and forgets the key and the fencing counter.
+    Forgetful,
+    /// memcached: the same key, but taken in steps (`incr` of the counter, then `add` of the
+    /// key), each a request of its own; restarts in some runs.
+    NonAtomic,
+    /// etcd and ZooKeeper: each candidate's node, created with the store's next revision and
+    /// attached to its session's lease, queues; the oldest node leads, with its creation
+    /// revision as the token, and a follower waits for the nodes ahead of it to go.
+    Queue,
+}
+
+impl StoreKind {
+    pub const ALL: [StoreKind; 4] = [
+        StoreKind::Consul,
+        StoreKind::Forgetful,
+        StoreKind::NonAtomic,
+        StoreKind::Queue,
+    ];
+    /// The stores added after Consul's.
+    pub const NEW: [StoreKind; 3] = [StoreKind::Forgetful, StoreKind::NonAtomic, StoreKind::Queue];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Consul => "consul",
+            StoreKind::Forgetful => "forgetful",
+            StoreKind::NonAtomic => "non-atomic",
+            StoreKind::Queue => "queue",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<StoreKind> {
+        StoreKind::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Whether followers poll one key (Redis, memcached).
+    pub fn polled(self) -> bool {
+        matches!(self, StoreKind::Forgetful | StoreKind::NonAtomic)
     }
 }
 
@@ -117,6 +207,13 @@ pub struct Params {
     pub faults_for: Duration,
     /// A planted bug, if any.
     pub bug: Option<Bug>,
+    /// The store simulated.
+    pub store: StoreKind,
+    /// How often a follower of a polled store polls the key (jittered by ±25 %).
+    pub poll: Duration,
+    /// Whether the fault schedule restarts the store, which forgets every key and counter
+    /// (polled stores).
+    pub restarts: bool,
 }
 
 impl Params {
@@ -131,6 +228,12 @@ impl Params {
     /// 256304: all three, sent 150 ms before the heal, just as the holder's session expired),
     /// nobody tries to acquire until then. The old bound counted `request_timeout` only.
     pub fn liveness_bound(&self) -> Duration {
+        if self.store.polled() {
+            // No blocking query: a follower polls. A key orphaned or left by a leader that
+            // stopped renewing expires within a ttl; a term on a counter that went back begins
+            // a ttl after the key was taken; then a poll, a back-off, a stuck request.
+            return self.ttl * 4 + self.poll * 2 + self.request_timeout * 2 + self.backoff.1;
+        }
         self.ttl * 3
             + self.max_wait
             + self.request_timeout
@@ -189,14 +292,26 @@ pub struct Stats {
     /// the key was deleted or the session invalidated): exempt from the overlap and token
     /// checks, cancelled as soon as their client hears of the loss.
     pub operator_anomalies: u64,
+    /// Terms that began on a grant a store restart had already forgotten (the reply was in
+    /// flight when the store lost the key): exempt like the operator's, for the same reason.
+    pub restart_anomalies: u64,
     pub max_requests_per_second: u32,
+    /// Restarts of a polled store that forgot its data.
+    pub restarts: u64,
 }
 
 pub struct State {
     pub rng: Rng,
     pub params: Params,
-    start: Instant,
-    sessions: BTreeMap<u64, Sess>,
+    pub(super) start: Instant,
+    pub(super) sessions: BTreeMap<u64, Sess>,
+    /// The polled store's key and counter ([`StoreKind::Forgetful`], [`StoreKind::NonAtomic`]).
+    pub(super) kv: KvState,
+    /// The queue of candidate nodes ([`StoreKind::Queue`]).
+    pub(super) queue: QueueState,
+    /// Tokens of terms whose key a store restart forgot: the next grant may overlap them (the
+    /// last leader hears of the loss at its next renewal), but tokens must still grow.
+    pub(super) forgotten: BTreeSet<u64>,
     next_id: u64,
     holder: Option<Hold>,
     last_token: u64,
@@ -216,7 +331,7 @@ pub struct State {
     requests: Vec<BTreeMap<u64, u32>>,
     /// Tokens of terms whose lock an operator took away: the engine cannot stop a grant that
     /// follows; the prompt-fencing check covers them instead.
-    exempt: BTreeSet<u64>,
+    pub(super) exempt: BTreeSet<u64>,
     /// When each token's client first saw its lock lost (`Contender::lost` returned).
     loss_seen: BTreeMap<u64, Instant>,
     max_token: u64,
@@ -235,6 +350,9 @@ impl State {
             params,
             start: Instant::now(),
             sessions: BTreeMap::new(),
+            kv: KvState::default(),
+            queue: QueueState::default(),
+            forgotten: BTreeSet::new(),
             next_id: 1,
             holder: None,
             last_token: 0,
@@ -309,7 +427,7 @@ impl State {
         self.version
     }
 
-    fn bump(&mut self) {
+    pub(super) fn bump(&mut self) {
         self.version += 1;
         self.bell.notify_waiters();
     }
@@ -366,11 +484,18 @@ impl State {
             self.stats.expiries += 1;
             self.invalidate(id, now, "expired");
         }
+        if self.params.store.polled() {
+            self.kv_expire(now);
+        }
     }
 
-    /// The earliest session expiry.
+    /// The earliest session (or key) expiry.
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.sessions.values().map(|s| s.expires_at).min()
+        let sessions = self.sessions.values().map(|s| s.expires_at).min();
+        match (sessions, self.kv.expiry()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Ends a session; a lock it held is freed, subject to its lock-delay (as Consul does on
@@ -381,6 +506,10 @@ impl State {
         };
         let client = session.client;
         self.record(now, || format!("c{client} session {id} {why}"));
+        if self.params.store == StoreKind::Queue {
+            self.queue_drop_session(id, now);
+            return;
+        }
         if self.holder.as_ref().is_some_and(|h| h.session == id) {
             self.holder = None;
             self.released_last = false;
@@ -442,6 +571,10 @@ impl State {
         if !self.sessions.contains_key(&session) {
             return Err(format!("session {session} is invalid"));
         }
+        if self.params.store == StoreKind::Queue {
+            let attempt = self.queue_acquire(client, session, candidate, now);
+            return Ok((attempt, self.current_version()));
+        }
         let attempt = match &self.holder {
             Some(h) if h.session == session => Attempt::Won {
                 fencing_token: h.token,
@@ -495,6 +628,9 @@ impl State {
 
     /// Consul's `?release=<session>`: frees the lock if this session holds it.
     pub fn release(&mut self, session: u64, now: Instant) {
+        if self.params.store == StoreKind::Queue {
+            return self.queue_release(session, now);
+        }
         if self.holder.as_ref().is_some_and(|h| h.session == session) {
             let client = self.holder.as_ref().map_or(0, |h| h.client);
             self.record(now, || format!("c{client} releases the lock"));
@@ -506,6 +642,9 @@ impl State {
 
     /// Updates the value others read, if this session holds the lock.
     pub fn proclaim(&mut self, session: u64, leader: &Leader) -> bool {
+        if self.params.store == StoreKind::Queue {
+            return self.queue_proclaim(session, leader);
+        }
         match &mut self.holder {
             Some(h) if h.session == session => {
                 h.leader.candidate = leader.candidate.clone();
@@ -517,15 +656,26 @@ impl State {
     }
 
     pub fn holder_leader(&self) -> Option<Leader> {
+        if self.params.store == StoreKind::Queue {
+            return self.queue.head().map(|n| n.leader.clone());
+        }
         self.holder.as_ref().map(|h| h.leader.clone())
     }
 
     pub fn holder_client(&self) -> Option<usize> {
+        match self.params.store {
+            StoreKind::Queue => return self.queue.head().map(|n| n.client),
+            StoreKind::Forgetful | StoreKind::NonAtomic => return self.kv.holder_client(),
+            StoreKind::Consul => {}
+        }
         self.holder.as_ref().map(|h| h.client)
     }
 
     /// Whether `session` has lost the lock, and how, as the store sees it now.
     pub fn loss_of(&self, session: u64) -> Option<LockLoss> {
+        if self.params.store == StoreKind::Queue {
+            return self.queue_loss_of(session);
+        }
         match &self.holder {
             Some(h) if h.session == session => None,
             Some(_) => Some(LockLoss::Taken),
@@ -538,6 +688,12 @@ impl State {
 
     /// Invalidates the holder's session, as a failing Consul node check would.
     pub fn operator_invalidate(&mut self, now: Instant) {
+        match self.params.store {
+            StoreKind::Queue => return self.queue_operator_invalidate(now),
+            // No sessions in the store: the operator deletes the key.
+            StoreKind::Forgetful | StoreKind::NonAtomic => return self.kv_operator_delete(now),
+            StoreKind::Consul => {}
+        }
         if let Some(h) = &self.holder {
             let (session, token) = (h.session, h.token);
             self.stats.operator_faults += 1;
@@ -548,6 +704,11 @@ impl State {
 
     /// Deletes the election's key, as an operator would.
     pub fn operator_delete(&mut self, now: Instant) {
+        match self.params.store {
+            StoreKind::Queue => return self.queue_operator_delete(now),
+            StoreKind::Forgetful | StoreKind::NonAtomic => return self.kv_operator_delete(now),
+            StoreKind::Consul => {}
+        }
         if let Some(h) = self.holder.take() {
             self.stats.operator_faults += 1;
             self.exempt.insert(h.token);
@@ -572,13 +733,13 @@ impl State {
 
     /// At a grant, no other term may still be in force: every term is cancelled (the hard
     /// rule), and its worker, which honours cancellation and `stop_by`, has stopped.
-    fn check_grant(&mut self, client: usize, token: u64, now: Instant) {
+    pub(super) fn check_grant(&mut self, client: usize, token: u64, now: Instant) {
         let mut found = Vec::new();
         for (c, view) in self.views.iter().enumerate() {
             for rec in view
                 .terms
                 .iter()
-                .filter(|r| !self.exempt.contains(&r.token))
+                .filter(|r| !self.exempt.contains(&r.token) && !self.forgotten.contains(&r.token))
             {
                 if !rec.term.is_cancelled() {
                     found.push(format!(
@@ -595,7 +756,9 @@ impl State {
             let status = view.status.borrow();
             if status.is_leader() {
                 let leading = status.term.as_ref().map_or(0, Term::fencing_token);
-                if !self.exempt.contains(&leading) && !view.terms.iter().any(|r| r.token == leading)
+                if !self.exempt.contains(&leading)
+                    && !self.forgotten.contains(&leading)
+                    && !view.terms.iter().any(|r| r.token == leading)
                 {
                     found.push(format!(
                         "the store granted token {token} to c{client} while c{c}'s status says it leads with term {leading}"
@@ -620,10 +783,16 @@ impl State {
                 format!("c{client} was elected with token {token} before the Demoted of its term {previous}: a lost Demoted"),
             );
         }
+        let forgotten = self.forgotten.contains(&token);
         if self.exempt.contains(&token) {
             self.stats.operator_anomalies += 1;
             self.record(now, || {
                 format!("c{client}'s term {token} began on a grant an operator already undid")
+            });
+        } else if forgotten {
+            self.stats.restart_anomalies += 1;
+            self.record(now, || {
+                format!("c{client}'s term {token} began on a grant a store restart already forgot")
             });
         } else if token <= self.max_token {
             let max = self.max_token;
@@ -632,13 +801,16 @@ impl State {
                 format!("c{client}'s token {token} did not grow (an earlier term had {max})"),
             );
         }
-        if !self.exempt.contains(&token) {
+        if !self.exempt.contains(&token) && !forgotten {
             self.max_token = self.max_token.max(token);
         }
         let mut found = Vec::new();
         for (c, view) in self.views.iter().enumerate() {
             for rec in &view.terms {
-                let exempt = self.exempt.contains(&rec.token) || self.exempt.contains(&token);
+                let exempt = self.exempt.contains(&rec.token)
+                    || self.exempt.contains(&token)
+                    || self.forgotten.contains(&rec.token)
+                    || forgotten;
                 if !rec.term.is_cancelled() && !exempt {
                     found.push(format!(
                         "two terms in force at once: c{client}'s {token} and c{c}'s {}",
@@ -749,7 +921,7 @@ impl State {
             .collect();
         let trusted: Vec<&(usize, u64)> = leaders
             .iter()
-            .filter(|(_, t)| !self.exempt.contains(t))
+            .filter(|(_, t)| !self.exempt.contains(t) && !self.forgotten.contains(t))
             .collect();
         if trusted.len() > 1 {
             let message = format!("several candidates lead at once: {trusted:?} (client, token)");
@@ -811,6 +983,17 @@ impl State {
             "ttl {:?}, lock-delay {:?}, faults for {:?} at intensity {:.2}, operator faults {}",
             p.ttl, p.lock_delay, p.faults_for, p.intensity, p.operator_faults
         );
+        if p.store != StoreKind::Consul {
+            let _ = write!(
+                s,
+                ", store {}, request timeout {:?}",
+                p.store.name(),
+                p.request_timeout
+            );
+            if p.store.polled() {
+                let _ = write!(s, ", poll {:?}, restarts {}", p.poll, p.restarts);
+            }
+        }
         if let Some(bug) = p.bug {
             let _ = write!(s, ", planted bug {}", bug.name());
         }
