@@ -27,29 +27,97 @@ fn exptime(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs()).map_or(i64::MAX, |secs| secs.saturating_add(1))
 }
 
+/// A fencing counter's value, checked (see [`checked_token`]).
+fn parse_counter(counter: &str, value: &[u8]) -> Result<u64> {
+    let token = std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| Error::Store {
+            backend: NAME,
+            reason: format!(
+                "the fencing counter {counter} holds {:?}, not a number: a corrupt or hostile \
+                 value, refused (delete it)",
+                String::from_utf8_lossy(value)
+            ),
+        })?;
+    checked_token(NAME, counter, token)
+}
+
+/// The error of a fencing counter that vanished between two requests.
+fn vanished(counter: &str) -> Error {
+    Error::Store {
+        backend: NAME,
+        reason: format!("the fencing counter {counter} vanished between two requests"),
+    }
+}
+
 impl Client {
     /// The next token: `incr` of the counter, created (without expiry) when missing at the
-    /// current Unix time in milliseconds. A counter that a restart or an eviction lost thus
-    /// starts again above every token handed out before, with no candidate having to have
-    /// seen them: a term takes far longer than a millisecond, so tokens never overtake the
-    /// clock they started from (given hosts' clocks within that margin of each other).
+    /// current Unix time in milliseconds, and raised to the clock when the result is below it
+    /// (a counter created from a clock read long before: an `add` held up on its way). So a
+    /// token is at least this host's clock in milliseconds when the term began, and a counter
+    /// that a restart, an eviction or `flush_all` lost starts again above every token handed
+    /// out before, with no candidate having to have seen them: a term takes far longer than a
+    /// millisecond, so tokens never overtake the clock (given hosts' clocks within that margin
+    /// of each other).
     ///
     /// Also says whether the counter was missing (created now, or by a racing candidate).
     ///
     /// A counter beyond [`MAX_TOKEN`](crate::backend::polled::MAX_TOKEN) (memcached's `incr`
     /// wraps at 2^64 to 0) is refused: a corrupt or hostile value, never a token.
     async fn next_token(&self, counter: &str) -> Result<(u64, bool)> {
-        if let Some(token) = self.incr(counter, 1).await? {
-            return Ok((checked_token(NAME, counter, token)?, false));
+        let (mut token, created) = match self.incr(counter, 1).await? {
+            Some(token) => (token, false),
+            None => {
+                // A lost `add` race means another candidate just created it: fine either way.
+                let start = crate::backend::unix_ms_now().to_string();
+                self.add(counter, start.as_bytes(), 0).await?;
+                (
+                    self.incr(counter, 1)
+                        .await?
+                        .ok_or_else(|| vanished(counter))?,
+                    true,
+                )
+            }
+        };
+        // The clock once: a token at least the clock when this acquisition began.
+        let now = crate::backend::unix_ms_now();
+        for _ in 0..REWRITE_TRIES {
+            token = checked_token(NAME, counter, token)?;
+            if token >= now {
+                return Ok((token, created));
+            }
+            // Below the clock: the counter was created from a clock read long before (an
+            // `add` held up on its way, while the counter was created, used and lost again
+            // meanwhile). Set it to the clock with a checked write, as Redis's script takes
+            // max(counter + 1, clock): an `incr` by the difference, repeated by a racing
+            // candidate, would push it past the clock, and a later restart would then send
+            // tokens back.
+            match self.get(counter).await? {
+                Some(item) => {
+                    let value = parse_counter(counter, &item.value)?;
+                    if value < now {
+                        // Lost to a racing write: the next round sees what it wrote.
+                        self.cas(counter, now.to_string().as_bytes(), 0, item.cas)
+                            .await?;
+                    }
+                }
+                None => {
+                    self.add(counter, now.to_string().as_bytes(), 0).await?;
+                }
+            }
+            token = self
+                .incr(counter, 1)
+                .await?
+                .ok_or_else(|| vanished(counter))?;
         }
-        // A lost `add` race means another candidate just created it: fine either way.
-        let start = crate::backend::unix_ms_now().to_string();
-        self.add(counter, start.as_bytes(), 0).await?;
-        let token = self.incr(counter, 1).await?.ok_or_else(|| Error::Store {
+        Err(Error::Store {
             backend: NAME,
-            reason: format!("the fencing counter {counter} vanished right after it was created"),
-        })?;
-        Ok((checked_token(NAME, counter, token)?, true))
+            reason: format!(
+                "the fencing counter {counter} kept changing under {REWRITE_TRIES} tries to \
+                 raise it to the clock"
+            ),
+        })
     }
 
     /// Rewrites `key`'s value `ours` as `new` with expiry `exptime`, if it is still `ours`:
@@ -114,18 +182,7 @@ impl Store for Client {
         let Some(item) = self.get(counter).await? else {
             return Ok(None);
         };
-        let token = std::str::from_utf8(&item.value)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .ok_or_else(|| Error::Store {
-                backend: NAME,
-                reason: format!(
-                    "the fencing counter {counter} holds {:?}, not a number: a corrupt or \
-                     hostile value, refused (delete it)",
-                    String::from_utf8_lossy(&item.value)
-                ),
-            })?;
-        checked_token(NAME, counter, token).map(Some)
+        parse_counter(counter, &item.value).map(Some)
     }
 
     /// `gets` the key; when absent, a token from the counter (raised past the floor when it

@@ -217,6 +217,18 @@ impl State {
         Some(*counter)
     }
 
+    /// memcached's `cas` of the counter (by value here: the model has no cas ids): `new`
+    /// while it still holds `seen`.
+    pub fn kv_cas_counter(&mut self, seen: u64, new: u64) -> bool {
+        match &mut self.kv.counter {
+            Some(counter) if *counter == seen => {
+                *counter = new;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// memcached's `add` of the counter.
     pub fn kv_add_counter(&mut self, start: u64) -> bool {
         if self.kv.counter.is_some() {
@@ -626,7 +638,7 @@ impl KvContender {
     async fn next_token(&self) -> Result<(u64, bool)> {
         let net = &self.backend().net;
         if let Some(token) = net.call(|state, _| state.kv_incr(1)).await? {
-            return Ok((token, false));
+            return self.raised_to_clock(token, false).await;
         }
         let start = {
             let state = self.backend().world.lock();
@@ -644,7 +656,41 @@ impl KvContender {
             .ok_or_else(|| {
                 store_error("the fencing counter vanished right after it was created".into())
             })?;
-        Ok((token, true))
+        self.raised_to_clock(token, true).await
+    }
+
+    /// As `src/memcached/store.rs`: a token below the clock is raised to it, by a checked
+    /// write of the clock into the counter (`gets` + `cas`), then an `incr`.
+    async fn raised_to_clock(&self, mut token: u64, created: bool) -> Result<(u64, bool)> {
+        let net = &self.backend().net;
+        // The clock once: a token at least the clock when this acquisition began.
+        let now = {
+            let state = self.backend().world.lock();
+            if state.params.bug == Some(Bug::CounterFromZero) {
+                return Ok((token, created));
+            }
+            state.clock_ms(Instant::now())
+        };
+        for _ in 0..5 {
+            if token >= now {
+                return Ok((token, created));
+            }
+            match net.call(|state, _| state.kv_counter()).await? {
+                Some(seen) if seen < now => {
+                    net.call(move |state, _| state.kv_cas_counter(seen, now))
+                        .await?;
+                }
+                Some(_) => {}
+                None => {
+                    net.call(move |state, _| state.kv_add_counter(now)).await?;
+                }
+            }
+            token = net
+                .call(|state, _| state.kv_incr(1))
+                .await?
+                .ok_or_else(|| store_error("the fencing counter vanished".into()))?;
+        }
+        Err(store_error("the fencing counter kept changing".into()))
     }
 
     /// memcached's acquisition: `get`, the next token, `add`.
