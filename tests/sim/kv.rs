@@ -324,7 +324,7 @@ impl State {
     pub fn kv_restart(&mut self, now: Instant) {
         self.stats.restarts += 1;
         if let Some(key) = self.kv.key.take() {
-            self.forgotten.insert(key.token);
+            self.forgotten.insert(key.token, now);
         }
         let counter = self.kv.counter.take();
         self.record(now, || {

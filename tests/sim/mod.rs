@@ -221,7 +221,10 @@ fn campaigns<B: Backend>(
         }
         let election = builder.build().expect("valid simulated settings");
         let campaign = election.campaign();
-        world.lock().add_view(campaign.status());
+        let mut state = world.lock();
+        state.renew_deadline = election.config().renew_deadline;
+        state.add_view(campaign.status());
+        drop(state);
         handles.push(campaign.handle());
         tokio::spawn(collect(world.clone(), client, campaign));
     }

@@ -309,9 +309,13 @@ pub struct State {
     pub(super) kv: KvState,
     /// The queue of candidate nodes ([`StoreKind::Queue`]).
     pub(super) queue: QueueState,
-    /// Tokens of terms whose key a store restart forgot: the next grant may overlap them (the
-    /// last leader hears of the loss at its next renewal), but tokens must still grow.
-    pub(super) forgotten: BTreeSet<u64>,
+    /// Tokens of terms whose key a store restart forgot, with the restart's instant: the
+    /// next grant may overlap them (the last leader hears of the loss at its next renewal),
+    /// but each must be cancelled within the renew deadline of the restart (no renewal sent
+    /// after it can be confirmed), and tokens must still grow.
+    pub(super) forgotten: BTreeMap<u64, Instant>,
+    /// The candidates' renew deadline (one setting for all).
+    pub(super) renew_deadline: Duration,
     next_id: u64,
     holder: Option<Hold>,
     last_token: u64,
@@ -352,7 +356,8 @@ impl State {
             sessions: BTreeMap::new(),
             kv: KvState::default(),
             queue: QueueState::default(),
-            forgotten: BTreeSet::new(),
+            forgotten: BTreeMap::new(),
+            renew_deadline: Duration::ZERO,
             next_id: 1,
             holder: None,
             last_token: 0,
@@ -736,11 +741,9 @@ impl State {
     pub(super) fn check_grant(&mut self, client: usize, token: u64, now: Instant) {
         let mut found = Vec::new();
         for (c, view) in self.views.iter().enumerate() {
-            for rec in view
-                .terms
-                .iter()
-                .filter(|r| !self.exempt.contains(&r.token) && !self.forgotten.contains(&r.token))
-            {
+            for rec in view.terms.iter().filter(|r| {
+                !self.exempt.contains(&r.token) && !self.forgotten.contains_key(&r.token)
+            }) {
                 if !rec.term.is_cancelled() {
                     found.push(format!(
                         "the store granted token {token} to c{client} while c{c}'s term {} was not cancelled",
@@ -757,7 +760,7 @@ impl State {
             if status.is_leader() {
                 let leading = status.term.as_ref().map_or(0, Term::fencing_token);
                 if !self.exempt.contains(&leading)
-                    && !self.forgotten.contains(&leading)
+                    && !self.forgotten.contains_key(&leading)
                     && !view.terms.iter().any(|r| r.token == leading)
                 {
                     found.push(format!(
@@ -783,7 +786,7 @@ impl State {
                 format!("c{client} was elected with token {token} before the Demoted of its term {previous}: a lost Demoted"),
             );
         }
-        let forgotten = self.forgotten.contains(&token);
+        let forgotten = self.forgotten.contains_key(&token);
         if self.exempt.contains(&token) {
             self.stats.operator_anomalies += 1;
             self.record(now, || {
@@ -809,7 +812,7 @@ impl State {
             for rec in &view.terms {
                 let exempt = self.exempt.contains(&rec.token)
                     || self.exempt.contains(&token)
-                    || self.forgotten.contains(&rec.token)
+                    || self.forgotten.contains_key(&rec.token)
                     || forgotten;
                 if !rec.term.is_cancelled() && !exempt {
                     found.push(format!(
@@ -842,6 +845,18 @@ impl State {
             .find(|r| r.token == token)
         {
             rec.cancelled_at = Some(now);
+        }
+        // A term whose key a restart forgot overlaps the next one only until the old leader
+        // hears of the loss: at most the renew deadline after the restart.
+        if let Some(restart) = self.forgotten.get(&token).copied()
+            && now > restart + self.renew_deadline
+        {
+            let late = now.duration_since(restart).as_secs_f64() * 1000.0;
+            let deadline = self.renew_deadline;
+            self.violation(
+                now,
+                format!("c{client}'s term {token}, whose key a store restart forgot, was cancelled {late:.3} ms after the restart, past the renew deadline {deadline:?}"),
+            );
         }
         if let Some(seen) = self.loss_seen.get(&token).copied()
             && seen < now
@@ -921,7 +936,7 @@ impl State {
             .collect();
         let trusted: Vec<&(usize, u64)> = leaders
             .iter()
-            .filter(|(_, t)| !self.exempt.contains(t) && !self.forgotten.contains(t))
+            .filter(|(_, t)| !self.exempt.contains(t) && !self.forgotten.contains_key(t))
             .collect();
         if trusted.len() > 1 {
             let message = format!("several candidates lead at once: {trusted:?} (client, token)");
