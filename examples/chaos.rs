@@ -38,8 +38,6 @@ mod inproc;
 mod run;
 #[path = "../tests/support/mod.rs"]
 mod support;
-#[path = "support/switch.rs"]
-mod switch;
 #[path = "chaos/worker.rs"]
 mod worker;
 

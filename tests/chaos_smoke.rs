@@ -19,8 +19,6 @@ mod inproc;
 #[path = "../examples/chaos/run.rs"]
 mod run;
 mod support;
-#[path = "../examples/support/switch.rs"]
-mod switch;
 #[path = "../examples/chaos/worker.rs"]
 mod worker;
 

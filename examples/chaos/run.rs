@@ -24,7 +24,6 @@ use crate::support::zookeeper::{TICK_MS, ZookeeperEnsemble};
 use crate::support::{
     EtcdCluster, EtcdServer, MemcachedServer, Probe, Proxy, ServerProcess, ZookeeperServer,
 };
-use crate::switch::SwitchProxy;
 use crate::worker::mono_ns;
 
 /// The election every candidate runs for.
@@ -630,7 +629,7 @@ struct RedisFailover {
     /// The replica's link to the primary.
     link: Proxy,
     /// The candidates' proxies connect here; it is switched to the promoted replica.
-    relay: SwitchProxy,
+    relay: Proxy,
     /// How many failovers were made.
     promotions: u32,
 }
@@ -650,7 +649,7 @@ impl RedisFailover {
     async fn start() -> RedisFailover {
         let primary = RedisServer::start_with(false, &REPLICATION_ARGS).await;
         let (replica, link) = Self::replica_of(primary.addr).await;
-        let relay = SwitchProxy::start(primary.addr);
+        let relay = Proxy::start(primary.addr);
         let pair = RedisFailover {
             primary,
             replica,

@@ -27,7 +27,7 @@ pub struct Proxy {
 }
 
 struct Shared {
-    upstream: SocketAddr,
+    upstream: Mutex<SocketAddr>,
     blackhole: watch::Sender<bool>,
     latency_micros: AtomicU64,
     /// Cancelled when the proxy is dropped; parent of every generation.
@@ -48,7 +48,7 @@ impl Proxy {
         let listener = TcpListener::from_std(listener).expect("register proxy listener");
         let stop = CancellationToken::new();
         let shared = Arc::new(Shared {
-            upstream,
+            upstream: Mutex::new(upstream),
             blackhole: watch::Sender::new(false),
             latency_micros: AtomicU64::new(0),
             generation: Mutex::new(stop.child_token()),
@@ -76,6 +76,18 @@ impl Proxy {
     pub fn set_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.shared.latency_micros.store(micros, Ordering::Relaxed);
+    }
+
+    /// Relays later connections to `upstream` instead (a failover to another
+    /// server), and closes every current one with a TCP reset, so that clients
+    /// reconnect there.
+    pub fn switch(&self, upstream: SocketAddr) {
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = upstream;
+        self.reset_all();
     }
 
     /// Closes every current connection with a TCP reset, on both sides.
@@ -132,7 +144,11 @@ async fn serve(mut client: TcpStream, shared: &Shared, cancel: CancellationToken
     let mut open = shared.blackhole.subscribe();
     let connect = async {
         let _ = open.wait_for(|hole| !hole).await;
-        TcpStream::connect(shared.upstream).await
+        let upstream = *shared
+            .upstream
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        TcpStream::connect(upstream).await
     };
     let mut upstream = tokio::select! {
         _ = cancel.cancelled() => return reset(&client),
