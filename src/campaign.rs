@@ -42,7 +42,7 @@ use crate::event::{
     DemotionReason, LeadershipEvent, Problem, QueueReceiver, QueueSender, Role, Status, queue,
 };
 use crate::fence::{Fence, Freshness};
-use crate::term::Term;
+use crate::term::{Gap, Term};
 use crate::{Error, Result, metrics};
 
 /// A running campaign for one election: a [`Stream`] of [`LeadershipEvent`]s, plus control.
@@ -317,7 +317,7 @@ pub(crate) fn spawn<B: Backend>(
         failures: 0,
         quick_losses: 0,
         last_token: None,
-        leaderless_since: Some(Instant::now()),
+        leaderless: Leaderless::seen(),
     };
     tokio::spawn(engine.supervise().instrument(span));
     Campaign { events, handle }
@@ -370,9 +370,33 @@ struct Engine<B: Backend> {
     /// The token of our last term: a new term must have a greater one.
     last_token: Option<FencingToken>,
     /// Since when this candidate has seen the election without a leader (from its start,
-    /// the leader's key going, a lock-delay, or its own loss), for `time_to_leader`; `None`
+    /// the leader's key going, a lock-delay, or its own loss), for the term's [`Gap`]; `None`
     /// while it sees another candidate lead.
-    leaderless_since: Option<Instant>,
+    leaderless: Option<Leaderless>,
+}
+
+/// Since when a candidate has seen its election without a leader.
+#[derive(Clone, Copy, Debug)]
+struct Leaderless {
+    since: Instant,
+    /// This process's own term ended then: the election's last trusted leader is known.
+    exact: bool,
+}
+
+impl Leaderless {
+    fn seen() -> Option<Leaderless> {
+        Some(Leaderless {
+            since: Instant::now(),
+            exact: false,
+        })
+    }
+
+    fn own_term_ended() -> Option<Leaderless> {
+        Some(Leaderless {
+            since: Instant::now(),
+            exact: true,
+        })
+    }
 }
 
 impl<B: Backend> Drop for Engine<B> {
@@ -540,7 +564,7 @@ impl<B: Backend> Engine<B> {
                 reason,
                 stop_by: term.stop_by(),
             });
-            self.leaderless_since = Some(Instant::now());
+            self.leaderless = Leaderless::own_term_ended();
         }
         let delay = self.failed(&Error::CampaignPanicked { message });
         self.cool_down(delay).await
@@ -740,7 +764,9 @@ impl<B: Backend> Engine<B> {
                 Ok(Attempt::Delayed { until }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
                         .increment(1);
-                    self.leaderless_since.get_or_insert_with(Instant::now);
+                    if self.leaderless.is_none() {
+                        self.leaderless = Leaderless::seen();
+                    }
                     tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
                     Box::pin(self.wait_until(until, &mut fence)).await
                 }
@@ -785,7 +811,9 @@ impl<B: Backend> Engine<B> {
                 Ok(Ok(Ok(()))) => {
                     // The holder (or our predecessor) may be gone: the election may be
                     // without a leader from now until someone wins.
-                    self.leaderless_since.get_or_insert_with(Instant::now);
+                    if self.leaderless.is_none() {
+                        self.leaderless = Leaderless::seen();
+                    }
                     return None;
                 }
                 Ok(Ok(Err(error))) => {
@@ -835,19 +863,19 @@ impl<B: Backend> Engine<B> {
             fencing_token: Some(fencing_token),
             since_unix_ms: Some(unix_ms_now()),
         };
-        let (term, guards) = Term::new(self.config.name.clone(), leader.clone(), fencing_token);
+        let gap = self.gap();
+        let (term, guards) =
+            Term::new(self.config.name.clone(), leader.clone(), fencing_token, gap);
         // Ends the term however this task ends, a panic or a dropped runtime included.
         let in_force = InForce(term.clone());
         self.last_token = Some(fencing_token);
         self.recovered();
         ::metrics::counter!(metrics::ELECTIONS_WON, self.labels_base()).increment(1);
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(1.0);
-        let leaderless = self
-            .leaderless_since
-            .take()
-            .map_or(Duration::ZERO, |at| at.elapsed());
         ::metrics::histogram!(metrics::TIME_TO_LEADER, self.labels_base())
-            .record(leaderless.as_secs_f64());
+            .record(gap.without_leader.as_secs_f64());
+        ::metrics::histogram!(metrics::LOCK_FREE_TO_LEADER, self.labels_base())
+            .record(gap.lock_free.as_secs_f64());
         self.status.send_modify(|s| {
             s.role = Role::Leader;
             s.term = Some(term.clone());
@@ -961,7 +989,7 @@ impl<B: Backend> Engine<B> {
             s.term = None;
         });
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
-        self.leaderless_since = Some(Instant::now());
+        self.leaderless = Leaderless::own_term_ended();
 
         // Only now ask the store why the lock went, if the backend can tell more.
         let reason = match lock_loss {
@@ -1168,12 +1196,32 @@ impl<B: Backend> Engine<B> {
         });
     }
 
+    /// The gap before the term this candidate just won (see [`Gap`]): from when it saw the
+    /// election without a holder; the upper bound adds the ttl the store waits before it
+    /// frees a crashed holder's lock, unless this process ended the last term itself.
+    fn gap(&mut self) -> Gap {
+        let seen = self.leaderless.take();
+        let lock_free = seen.map_or(Duration::ZERO, |l| l.since.elapsed());
+        let exact = seen.is_some_and(|l| l.exact);
+        Gap {
+            without_leader: if exact {
+                lock_free
+            } else {
+                lock_free + self.config.ttl
+            },
+            lock_free,
+            exact,
+        }
+    }
+
     fn saw_leader(&mut self, leader: Option<Leader>) {
         match &leader {
-            Some(l) if l.candidate.id != self.config.candidate.id => self.leaderless_since = None,
+            Some(l) if l.candidate.id != self.config.candidate.id => self.leaderless = None,
             Some(_) => {}
             None => {
-                self.leaderless_since.get_or_insert_with(Instant::now);
+                if self.leaderless.is_none() {
+                    self.leaderless = Leaderless::seen();
+                }
             }
         }
         if self.seen_leader.as_ref() == Some(&leader) {

@@ -238,7 +238,7 @@ pub use election::{Election, ElectionBuilder, OnWorkerExit, WorkerOutcome};
 pub use error::{Error, Result};
 pub use event::{Demotion, DemotionReason, LeadershipEvent, Problem, Role, Status};
 pub use runner::Runner;
-pub use term::{Term, TermGuard};
+pub use term::{Gap, Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;
 #[cfg(feature = "zookeeper")]

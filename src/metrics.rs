@@ -12,19 +12,25 @@
 //! | `incumbent_campaign_attempts_total` | counter | `election`, `result` | acquisition attempts: `won`, `held`, `delayed`, `error` |
 //! | `incumbent_renewals_total` | counter | `backend`, `session`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
 //! | `incumbent_renew_latency_seconds` | histogram | `backend`, `session` | time for one session renewal round trip |
-//! | `incumbent_time_to_leader_seconds` | histogram | `election` | failover latency: how long the election was without a leader, as seen by the candidate that won |
+//! | `incumbent_time_to_leader_seconds` | histogram | `election` | failover time: how long the election was without a trusted leader, at most, as the winner measured it ([`Gap::without_leader`](crate::Gap::without_leader)) |
+//! | `incumbent_lock_free_to_leader_seconds` | histogram | `election` | how long the election was without a holder, at least: from when the winner saw the lock free to its win ([`Gap::lock_free`](crate::Gap::lock_free)) |
 //!
 //! The per-election metrics carry a `candidate` label too when the election asks for it
 //! ([`ElectionBuilder::label_metrics_with_candidate`](crate::ElectionBuilder::label_metrics_with_candidate)):
 //! off by default, since the default candidate id holds the pid and every restart would
 //! start new series.
 //!
-//! `incumbent_time_to_leader_seconds` counts from the moment the winner saw the election
-//! without a leader: its campaign's start with nobody leading, the leader's key gone (its
-//! wait woke), the store's lock-delay, or its own loss; waiting behind a healthy leader does
-//! not count. A hand-off records about the time of one acquisition; a crash, the time from
-//! the store expiring the lease to the win; Consul's lock-delay, the delay.
-//!
+//! `incumbent_time_to_leader_seconds` is what a dashboard's "failover time" means: from the
+//! previous leader's last confirmed renewal or release to the win. A waiting candidate cannot
+//! see a leader crash; it sees the store free the lock, one ttl after the crashed leader's last
+//! renewal. So the figure is the time from the winner seeing the election without a holder
+//! (its wait woke, its campaign began with nobody leading, a lock-delay began) to its win,
+//! plus the ttl. After a kill -9 it is the real gap to within one renewal interval; after a
+//! release (a resign, a clean shutdown) it is one ttl too high, and
+//! `incumbent_lock_free_to_leader_seconds`, the same figure without the ttl, is the real one.
+//! When the winner's own process ended the last term (it led, and lost or resigned), both are
+//! exactly the time since then. Each term carries both figures: [`Term::gap`](crate::Term::gap).
+
 //! Renewals are per session, and one session serves every election of a process that asks for
 //! the same ttl, so they are labelled by the session rather than by election: `session` is the
 //! store's own id for it, the one its tools show, so a failing session can be looked up there:
@@ -70,11 +76,15 @@ pub const CAMPAIGN_ATTEMPTS: &str = "incumbent_campaign_attempts_total";
 pub const RENEWALS: &str = "incumbent_renewals_total";
 /// Histogram: seconds per session renewal, labelled by `backend` and `session`.
 pub const RENEW_LATENCY: &str = "incumbent_renew_latency_seconds";
-/// Histogram: seconds the election was without a leader, as seen by the candidate that won.
+/// Histogram: seconds the election was without a trusted leader, at most: from the previous
+/// leader's last confirmed renewal or release to the win ([`Gap::without_leader`](crate::Gap::without_leader)).
 pub const TIME_TO_LEADER: &str = "incumbent_time_to_leader_seconds";
+/// Histogram: seconds from the winner seeing the election without a holder to its win: the
+/// time without a leader, at least ([`Gap::lock_free`](crate::Gap::lock_free)).
+pub const LOCK_FREE_TO_LEADER: &str = "incumbent_lock_free_to_leader_seconds";
 
 /// Every metric name this crate records, for tools that check dashboards and alert rules.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
     IS_LEADER,
     ELECTIONS_WON,
     DEMOTIONS,
@@ -82,6 +92,7 @@ pub const ALL: [&str; 7] = [
     RENEWALS,
     RENEW_LATENCY,
     TIME_TO_LEADER,
+    LOCK_FREE_TO_LEADER,
 ];
 
 /// How one session renewal ended, as the `result` label says it.

@@ -1,7 +1,7 @@
 //! [`Term`]: one stretch of leadership, as the application holds it.
 
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
@@ -42,6 +42,7 @@ struct Inner {
     fencing_token: FencingToken,
     started: Instant,
     started_at: SystemTime,
+    gap: Gap,
     cancel: CancellationToken,
     /// Set, before the token is cancelled, when the term ends involuntarily; or later, when
     /// the lease is about to lapse while a voluntarily ended term's work winds down.
@@ -50,6 +51,41 @@ struct Inner {
     halt: CancellationToken,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
     holds: Mutex<Option<QueueSender<()>>>,
+}
+
+/// How long an election was without a leader before a term began, as the winner measured it
+/// (the figures of [`metrics::TIME_TO_LEADER`](crate::metrics::TIME_TO_LEADER) and
+/// [`metrics::LOCK_FREE_TO_LEADER`](crate::metrics::LOCK_FREE_TO_LEADER)).
+///
+/// A candidate that waits behind a leader cannot see that leader crash: it sees the lock
+/// freed, and after a crash the store frees it one ttl after the holder's last confirmed
+/// renewal. Most stores do not say whether a lock was released or expired, so the gap is
+/// given as two bounds:
+///
+/// - [`lock_free`](Gap::lock_free), the lower bound: from the moment the winner saw the
+///   election without a holder (the lock freed, its own campaign's start with nobody leading,
+///   the store's lock-delay) to the win. After a release (a resign, a clean shutdown) this is
+///   the whole gap: milliseconds.
+/// - [`without_leader`](Gap::without_leader), the upper bound: from the previous holder's last
+///   confirmed renewal to the win, that is `lock_free` plus the ttl. After a crash (kill -9, a
+///   partition) this is the gap a user sees, to within one renewal interval.
+///
+/// On the file backend the kernel frees a dead holder's lock at once, so there `lock_free` is
+/// the real gap after a crash too.
+///
+/// When this process ended the previous term itself (it led before, and lost or resigned),
+/// the winner knows when the election lost its leader, and both figures are that exact time
+/// ([`exact`](Gap::exact)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gap {
+    /// From the previous holder's last confirmed renewal or release to the win: the time the
+    /// election was without a trusted leader, at most.
+    pub without_leader: Duration,
+    /// From the moment the winner saw the election without a holder to the win: the time the
+    /// election was without a leader, at least.
+    pub lock_free: Duration,
+    /// Both figures are exact: this process ended the previous term itself.
+    pub exact: bool,
 }
 
 /// Keeps the lock from being released while held, up to the election's grace.
@@ -68,6 +104,7 @@ impl Term {
         election: String,
         leader: Leader,
         fencing_token: FencingToken,
+        gap: Gap,
     ) -> (Term, QueueReceiver<()>) {
         // Nothing is ever sent: the receiver learns that every guard went when it closes.
         let (tx, rx) = queue();
@@ -78,6 +115,7 @@ impl Term {
                 fencing_token,
                 started: Instant::now(),
                 started_at: SystemTime::now(),
+                gap,
                 cancel: CancellationToken::new(),
                 stop_by: OnceLock::new(),
                 halt: CancellationToken::new(),
@@ -130,6 +168,12 @@ impl Term {
     /// When the term began, by the wall clock.
     pub fn started_at(&self) -> SystemTime {
         self.inner.started_at
+    }
+
+    /// How long the election was without a leader before this term, as its winner measured
+    /// it: the failover time. See [`Gap`].
+    pub fn gap(&self) -> Gap {
+        self.inner.gap
     }
 
     /// After an involuntary loss (renew deadline exceeded, session or lock lost), the

@@ -1,9 +1,9 @@
 //! `incumbent observe --json` across a hand-off (`incumbent resign`), on the file backend and
-//! on a real etcd: the `since` it prints last for the new leader is when that leader's term
-//! began (its command's `INCUMBENT_TERM_STARTED`), not when it began campaigning, and a
-//! correction of `since` in the store is printed as a change.
+//! on a real etcd and ZooKeeper: the new leader is printed once, and the `since` of that line
+//! is when its term began (its command's `INCUMBENT_TERM_STARTED`), not when it began
+//! campaigning.
 //!
-//! Needs the `etcd` binary (`scripts/install-test-deps`). Every wait is bounded, every process
+//! Needs the `etcd` and ZooKeeper binaries (`scripts/install-test-deps`). Every wait is bounded, every process
 //! a test starts is killed when it ends, and etcd listens on loopback only.
 
 mod support;
@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::EtcdServer;
+use support::{EtcdServer, ZookeeperServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
 const ELECTION: &str = "jobs/observed";
@@ -65,12 +65,14 @@ fn unix_ms(rfc3339: &str) -> u64 {
 struct Candidate {
     process: Guard,
     starts: PathBuf,
+    log: PathBuf,
 }
 
 impl Candidate {
     fn start(backend: &str, dir: &Path, name: &str) -> Candidate {
         let starts = dir.join(format!("{name}.starts"));
-        let log = fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
+        let log_path = dir.join(format!("{name}.log"));
+        let log = fs::File::create(&log_path).expect("log file");
         let process = Command::new(BIN)
             .args(["run", "--election", ELECTION, "--backend", backend, "--"])
             .args(["sh", "-c", SCRIPT])
@@ -84,6 +86,7 @@ impl Candidate {
         Candidate {
             process: Guard(process),
             starts,
+            log: log_path,
         }
     }
 
@@ -102,7 +105,12 @@ impl Candidate {
             });
             first.is_some()
         });
-        assert!(started, "the command of pid {} never started", self.pid());
+        assert!(
+            started,
+            "the command of pid {} never started; its log:\n{}",
+            self.pid(),
+            fs::read_to_string(&self.log).unwrap_or_default()
+        );
         first.expect("started")
     }
 }
@@ -133,7 +141,8 @@ fn leader_pid(line: &Value) -> Option<u32> {
 }
 
 /// Two candidates, an `observe --json`, a resign after the second has campaigned for a while:
-/// the last line printed for the new leader says its term began when its command was told.
+/// observe prints the new leader once, and that line says its term began when its command was
+/// told (not when it began to campaign).
 fn since_after_a_hand_off_is_when_the_term_began(backend: &str) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let a = Candidate::start(backend, dir.path(), "a");
@@ -192,21 +201,29 @@ fn since_after_a_hand_off_is_when_the_term_began(backend: &str) {
             Err(_) => break,
         }
     }
-    let last_for_b = printed
+    let for_b: Vec<&Value> = printed
         .iter()
-        .rfind(|line| leader_pid(line) == Some(b.pid()))
-        .unwrap_or_else(|| panic!("the new leader was not printed: {printed:?}"));
-    let since = last_for_b["leader"]["since_unix_ms"]
+        .filter(|line| leader_pid(line) == Some(b.pid()))
+        .collect();
+    // One line per real change: the hand-off is one change, printed once.
+    assert_eq!(
+        for_b.len(),
+        1,
+        "observe printed the new leader {} times; printed: {printed:?}",
+        for_b.len()
+    );
+    let line = for_b[0];
+    let since = line["leader"]["since_unix_ms"]
         .as_u64()
-        .unwrap_or_else(|| panic!("no since: {last_for_b}"));
+        .unwrap_or_else(|| panic!("no since: {line}"));
     assert!(
         since + SLACK_MS >= term_started,
-        "observe's last line says the new leader's term began at {since}, {} ms before it did \
+        "observe says the new leader's term began at {since}, {} ms before it did \
          ({term_started}); printed: {printed:?}",
         term_started - since
     );
     assert_eq!(
-        unix_ms(last_for_b["leader"]["since"].as_str().expect("since")),
+        unix_ms(line["leader"]["since"].as_str().expect("since")),
         since
     );
 }
@@ -230,4 +247,16 @@ fn observe_prints_when_the_new_leaders_term_began_on_etcd() {
     let etcd = runtime.block_on(EtcdServer::single());
     since_after_a_hand_off_is_when_the_term_began(&format!("etcd://{}", etcd.client_addr()));
     drop(etcd);
+}
+
+#[test]
+fn observe_prints_when_the_new_leaders_term_began_on_zookeeper() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let zookeeper = runtime.block_on(ZookeeperServer::single());
+    since_after_a_hand_off_is_when_the_term_began(&format!("zk://{}", zookeeper.client_addr()));
+    drop(zookeeper);
 }

@@ -63,8 +63,9 @@ pub struct Leader {
     ///
     /// Consul, Redis, memcached, file and memory write it in the same write that makes the
     /// candidate leader. etcd and ZooKeeper hand leadership over by deleting the predecessor's
-    /// key, so the new leader's key already exists and its `since` is rewritten right after
-    /// the win: an observer can briefly see the time the candidate began to campaign.
+    /// key, so the new leader's key already exists: a candidate's key carries no `since`, and
+    /// the winner writes it right after the win. An observer can briefly see the new leader
+    /// with `None` here, never with the time it began to campaign.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub since_unix_ms: Option<u64>,
 }

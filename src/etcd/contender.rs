@@ -154,7 +154,9 @@ impl EtcdContender {
     /// led once must never lead again with the same token.
     async fn write(&mut self) -> Result<()> {
         let adopt = std::mem::replace(&mut self.wrote, true);
-        self.since = Some(unix_ms_now());
+        // A candidate's key says nothing of a term until it wins (`mark_term`): an observer
+        // must not read its campaign's start as its term's.
+        self.since = None;
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),

@@ -194,7 +194,9 @@ impl ZookeeperContender {
                 }
             }
         }
-        self.since = Some(unix_ms_now());
+        // A candidate's key says nothing of a term until it wins (`mark_term`): an observer
+        // must not read its campaign's start as its term's.
+        self.since = None;
         let data = self.value(None);
         let acls = self.backend().acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);

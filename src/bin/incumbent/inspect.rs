@@ -30,6 +30,44 @@ const CONFIRM_AFTER: [Duration; 3] = [
     Duration::from_secs(2),
 ];
 
+/// How long `observe` holds back a new leader whose record does not yet say when its term
+/// began (etcd and ZooKeeper write it just after the win), so that the hand-off is one line
+/// with the true `since` rather than two. A leader whose `since` never comes (a value another
+/// program wrote) is printed without it after this.
+const HOLD_FOR_SINCE: Duration = Duration::from_millis(600);
+
+/// What `observe` has printed, and a leader it holds back (see [`HOLD_FOR_SINCE`]).
+#[derive(Default)]
+struct Shown {
+    /// The last leader printed; `None` before the first line.
+    last: Option<Option<Leader>>,
+    /// Until when a new leader without a `since` is held back.
+    held_until: Option<Instant>,
+}
+
+impl Shown {
+    /// Whether `leader` is a change to print now: it differs from the last line, and it says
+    /// when its term began, or it has been held back long enough.
+    fn worth_printing(&mut self, leader: &Option<Leader>, now: Instant) -> bool {
+        if self.last.as_ref() == Some(leader) {
+            self.held_until = None;
+            return false;
+        }
+        if let Some(l) = leader
+            && l.since_unix_ms.is_none()
+            && now < *self.held_until.get_or_insert(now + HOLD_FOR_SINCE)
+        {
+            return false;
+        }
+        true
+    }
+
+    fn printed(&mut self, leader: Option<Leader>) {
+        self.last = Some(leader);
+        self.held_until = None;
+    }
+}
+
 /// The leader, read once with a fresh observer.
 async fn read_once<B: Backend>(backend: &B, election: &str) -> incumbent::Result<Option<Leader>> {
     backend.observe(election).await?.next().await
@@ -190,7 +228,7 @@ impl WithBackend for Observe {
         // A store that cannot be reached is retried (until --fail-after); any other error ends
         // the program.
         let follow = async {
-            let mut last: Option<Option<Leader>> = None;
+            let mut shown = Shown::default();
             // When to re-read the leader next, and how many re-reads since the last change.
             let mut confirm_at: Option<Instant> = None;
             let mut confirm_step = 0;
@@ -229,8 +267,9 @@ impl WithBackend for Observe {
                 };
                 loop {
                     // While waiting for the observer, re-read the leader a little after each
-                    // change (see `CONFIRM_AFTER`): some stores' observers do not report a
-                    // corrected `since` alone.
+                    // change (see `CONFIRM_AFTER`), and while one is held back (see
+                    // `HOLD_FOR_SINCE`): some stores' observers do not report a corrected
+                    // `since` alone.
                     let next = {
                         let next = observer.next();
                         tokio::pin!(next);
@@ -242,17 +281,21 @@ impl WithBackend for Observe {
                                     confirm_at = CONFIRM_AFTER
                                         .get(confirm_step)
                                         .map(|after| Instant::now() + *after);
+                                    if let Some(until) = shown.held_until {
+                                        let soon = (Instant::now() + CONFIRM_AFTER[0]).min(until);
+                                        confirm_at = Some(confirm_at.map_or(soon, |at| at.min(soon)));
+                                    }
                                     // A failed re-read changes nothing: the observer reports
                                     // the store's failures.
                                     let Ok(leader) = read_once(&backend, &self.election).await
                                     else {
                                         continue;
                                     };
-                                    if last.as_ref() != Some(&leader) {
+                                    if shown.worth_printing(&leader, Instant::now()) {
                                         if !self.show(leader.as_ref()) {
                                             return Ok::<(), Failure>(());
                                         }
-                                        last = Some(leader);
+                                        shown.printed(leader);
                                         confirm_step = 0;
                                         confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
                                     }
@@ -264,15 +307,20 @@ impl WithBackend for Observe {
                         // After a reconnect the observer may repeat the leader: show changes
                         // only. A change is any change: of the leader, its fencing token, its
                         // metadata, or when its term began.
-                        Ok(leader) if last.as_ref() == Some(&leader) => failing_since = None,
                         Ok(leader) => {
                             failing_since = None;
-                            if !self.show(leader.as_ref()) {
-                                return Ok::<(), Failure>(());
+                            if shown.worth_printing(&leader, Instant::now()) {
+                                if !self.show(leader.as_ref()) {
+                                    return Ok::<(), Failure>(());
+                                }
+                                shown.printed(leader);
+                                confirm_step = 0;
+                                confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
+                            } else if shown.held_until.is_some() {
+                                // Held back: re-read soon, for its `since`.
+                                confirm_step = 0;
+                                confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
                             }
-                            last = Some(leader);
-                            confirm_step = 0;
-                            confirm_at = Some(Instant::now() + CONFIRM_AFTER[0]);
                         }
                         Err(e) => {
                             failed(e, &mut failing_since)?;

@@ -15,7 +15,7 @@ use crate::messages::tidy;
 /// How status lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// `2026-11-22T10:00:00.123Z incumbent[jobs/index] elected (fencing token 7) after 12ms`
+    /// `2026-11-22T10:00:00.123Z incumbent[jobs/index] elected (fencing token 7); the election was without a leader for at most 10s (the lock was free for 12ms)`
     Text,
     /// One JSON object per line, the same schema for this program's lines and the library's:
     /// `time`, `level`, `election`, `event`, `message`, then the event's own fields.

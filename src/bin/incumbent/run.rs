@@ -254,7 +254,7 @@ struct State {
     /// After a second stop signal: when to give up waiting for the campaign and exit.
     give_up_at: Option<Instant>,
     exit_code: u8,
-    /// Since when this candidate has been without a term, for "elected after …".
+    /// Since when this candidate has been without a term (`campaigned_ms` of "elected").
     waiting_since: Instant,
     /// Another candidate last reported as leader, so each change is reported once.
     shown_leader: Option<String>,
@@ -603,10 +603,28 @@ impl Supervisor {
                 let started = start_now.then(|| self.spawn(&term, state, status));
                 let token = term.fencing_token();
                 let waited = state.waiting_since.elapsed();
+                let gap = term.gap();
+                // The failover time, as the metrics count it (`incumbent::Gap`); not how long
+                // this candidate campaigned.
+                let without = if gap.exact {
+                    format!("without a leader for {}", human(gap.without_leader))
+                } else {
+                    format!(
+                        "without a leader for at most {} (the lock was free for {})",
+                        human(gap.without_leader),
+                        human(gap.lock_free)
+                    )
+                };
                 self.out.event(
                     "elected",
-                    &format!("elected (fencing token {token}) after {}", human(waited)),
-                    json!({ "fencing_token": token, "waited_ms": millis(waited) }),
+                    &format!("elected (fencing token {token}); the election was {without}"),
+                    json!({
+                        "fencing_token": token,
+                        "without_leader_ms": millis(gap.without_leader),
+                        "lock_free_ms": millis(gap.lock_free),
+                        "exact": gap.exact,
+                        "campaigned_ms": millis(waited),
+                    }),
                 );
                 if let Some(started) = started {
                     self.report_start(&term, started, state, handle);
