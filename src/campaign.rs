@@ -38,10 +38,9 @@ use crate::backend::{
     lock, unix_ms_now,
 };
 use crate::config::Config;
-use crate::event::{
-    DemotionReason, LeadershipEvent, Problem, QueueReceiver, QueueSender, Role, Status, queue,
-};
+use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
 use crate::fence::{Fence, Freshness};
+use crate::queue::{QueueReceiver, QueueSender, queue};
 use crate::term::{Gap, Term};
 use crate::{Error, Result, metrics};
 

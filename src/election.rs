@@ -11,7 +11,7 @@ use crate::backend::{Backend, Leader};
 use crate::campaign::{self, Campaign};
 use crate::config::{Backoff, Config, Draft};
 use crate::event::{Demotion, LeadershipEvent};
-use crate::runner::{self, Runner};
+use crate::runner::{self, OnWorkerExit, Runner, WorkerOutcome};
 use crate::term::Term;
 
 type Callback<T> = Arc<dyn Fn(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
@@ -27,19 +27,6 @@ impl Callbacks {
     fn is_empty(&self) -> bool {
         self.elected.is_none() && self.demoted.is_none() && self.leader_changed.is_none()
     }
-}
-
-/// What [`Election::run`] does when the worker returns, fails or panics while still leader.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OnWorkerExit {
-    /// Step down (releasing the lock so another candidate can take over), then campaign
-    /// again after the back-off and run the worker again when re-elected. The default: a
-    /// singleton that crashed should run somewhere.
-    #[default]
-    Resign,
-    /// Step down and stop: `run` returns `Ok(())` if the worker returned, or
-    /// [`Error::Worker`] if it failed or panicked. For one-shot jobs.
-    Stop,
 }
 
 /// A named election, ready to campaign in. Cheap to clone.
@@ -213,24 +200,6 @@ impl<B: Backend> ElectionBuilder<B> {
             callbacks: self.callbacks,
             on_worker_exit: self.on_worker_exit,
         })
-    }
-}
-
-/// What a worker returns: `()`, or a `Result` whose error is displayed in logs.
-pub trait WorkerOutcome: Send + 'static {
-    /// `Err` with a message if the worker failed.
-    fn into_result(self) -> std::result::Result<(), String>;
-}
-
-impl WorkerOutcome for () {
-    fn into_result(self) -> std::result::Result<(), String> {
-        Ok(())
-    }
-}
-
-impl<E: fmt::Display + Send + 'static> WorkerOutcome for std::result::Result<(), E> {
-    fn into_result(self) -> std::result::Result<(), String> {
-        self.map_err(|e| e.to_string())
     }
 }
 

@@ -224,6 +224,7 @@ pub mod http;
 pub mod memcached;
 pub mod memory;
 pub mod metrics;
+mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod runner;
@@ -234,10 +235,10 @@ pub mod url;
 pub use any::{AnyBackend, AnyContender, AnyObserver, AnySession};
 pub use backend::{Candidate, FencingToken, Leader};
 pub use campaign::{Campaign, CampaignHandle, EVENT_QUEUE_CAPACITY, Events};
-pub use election::{Election, ElectionBuilder, OnWorkerExit, WorkerOutcome};
+pub use election::{Election, ElectionBuilder};
 pub use error::{Error, Result};
 pub use event::{Demotion, DemotionReason, LeadershipEvent, Problem, Role, Status};
-pub use runner::Runner;
+pub use runner::{OnWorkerExit, Runner, WorkerOutcome};
 pub use term::{Gap, Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;

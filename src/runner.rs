@@ -13,10 +13,40 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until};
 
 use crate::campaign::{Campaign, CampaignHandle, Events};
-use crate::election::{OnWorkerExit, WorkerOutcome};
 use crate::event::{DemotionReason, LeadershipEvent, Status};
 use crate::term::Term;
 use crate::{Error, Result};
+
+/// What [`Election::run`](crate::Election::run) does when the worker returns, fails or panics while still leader.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnWorkerExit {
+    /// Step down (releasing the lock so another candidate can take over), then campaign
+    /// again after the back-off and run the worker again when re-elected. The default: a
+    /// singleton that crashed should run somewhere.
+    #[default]
+    Resign,
+    /// Step down and stop: `run` returns `Ok(())` if the worker returned, or
+    /// [`Error::Worker`] if it failed or panicked. For one-shot jobs.
+    Stop,
+}
+
+/// What a worker returns: `()`, or a `Result` whose error is displayed in logs.
+pub trait WorkerOutcome: Send + 'static {
+    /// `Err` with a message if the worker failed.
+    fn into_result(self) -> std::result::Result<(), String>;
+}
+
+impl WorkerOutcome for () {
+    fn into_result(self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<E: std::fmt::Display + Send + 'static> WorkerOutcome for std::result::Result<(), E> {
+    fn into_result(self) -> std::result::Result<(), String> {
+        self.map_err(|e| e.to_string())
+    }
+}
 
 /// How the worker is run: the election's grace and its [`OnWorkerExit`] policy.
 #[derive(Clone, Copy, Debug)]

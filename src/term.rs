@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::backend::{FencingToken, Leader};
-use crate::event::{QueueReceiver, QueueSender, queue};
+use crate::queue::{QueueReceiver, QueueSender, queue};
 
 /// One term of leadership: valid from when it is handed out until its token is cancelled.
 ///

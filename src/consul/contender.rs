@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::sleep;
 
 use super::client::{ConsulError, KvResponse, PutOptions, QueryOptions};
-use super::session::Shared;
+use super::shared::Shared;
 use super::watch::PendingRead;
 use super::{ConsulBackend, NAME, WATCH_RETRY, error, holder, leader_of};
 use crate::backend::{Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, unix_ms_now};

@@ -135,6 +135,7 @@ mod contender;
 mod error;
 mod observer;
 mod session;
+mod shared;
 mod sightings;
 mod watch;
 
@@ -200,7 +201,7 @@ struct Inner {
     /// The lock-delay of sessions whose election sets none; `None`: Consul's default.
     lock_delay: Option<Duration>,
     /// Sessions shared by the elections with equal options.
-    sessions: SessionPool<session::Shared>,
+    sessions: SessionPool<shared::Shared>,
     sightings: sightings::Sightings,
 }
 

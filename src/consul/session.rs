@@ -2,36 +2,18 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::client::SessionCreate;
 use super::contender::ConsulContender;
+use super::shared::Shared;
 use super::{CONSUL_DEFAULT_LOCK_DELAY, ConsulBackend, MAX_LOCK_DELAY, NAME, error};
 use crate::Result;
 use crate::backend::keepalive::{KeepAlive, Renewal};
-use crate::backend::lock;
 use crate::backend::pool::{self, Poolable};
 use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
-
-/// A Consul session and its keep-alive, shared through the backend's pool by every
-/// [`ConsulSession`] with its options.
-pub(super) struct Shared {
-    backend: ConsulBackend,
-    /// The session id (a UUID; not a secret).
-    pub id: String,
-    /// The lock-delay Consul applies when this session is invalidated.
-    pub lock_delay: Duration,
-    keepalive: KeepAlive,
-    /// Which contender of this session may hold each election key: two campaigns for the
-    /// same election sharing the session must not both win (Consul lets a session acquire a
-    /// key it already holds). See the [module docs](super) for why.
-    claims: Mutex<HashMap<String, u64>>,
-    /// Bumped whenever a claim is given up, to wake the contenders waiting behind it.
-    unclaimed: watch::Sender<u64>,
-}
 
 impl Poolable for Shared {
     /// A dropped session is destroyed at once rather than left to expire.
@@ -49,47 +31,6 @@ impl Poolable for Shared {
             .session_destroy(&self.id)
             .await
             .map_err(error::from_client)
-    }
-}
-
-impl Shared {
-    pub fn health(&self) -> watch::Receiver<SessionHealth> {
-        self.keepalive.health()
-    }
-
-    /// Lets `contender` try for `key`, unless another contender of this session holds or
-    /// tries for it.
-    pub fn claim(&self, key: &str, contender: u64) -> bool {
-        *lock(&self.claims)
-            .entry(key.to_owned())
-            .or_insert(contender)
-            == contender
-    }
-
-    /// Whether `contender` has claimed `key`.
-    pub fn claimed_by(&self, key: &str, contender: u64) -> bool {
-        lock(&self.claims).get(key) == Some(&contender)
-    }
-
-    /// Whether another contender of this session has claimed `key`.
-    pub fn claimed_by_other(&self, key: &str, contender: u64) -> bool {
-        lock(&self.claims).get(key).is_some_and(|c| *c != contender)
-    }
-
-    /// Gives up `contender`'s claim on `key`, if it has one, and wakes the contenders of
-    /// this session waiting behind it.
-    pub fn unclaim(&self, key: &str, contender: u64) {
-        let mut claims = lock(&self.claims);
-        if claims.get(key) == Some(&contender) {
-            claims.remove(key);
-            drop(claims);
-            self.unclaimed.send_modify(|n| *n = n.wrapping_add(1));
-        }
-    }
-
-    /// Changes when a claim is given up (from now on: subscribe before checking a claim).
-    pub fn unclaims(&self) -> watch::Receiver<u64> {
-        self.unclaimed.subscribe()
     }
 }
 

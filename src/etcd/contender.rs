@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use etcd_client::{Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use super::session::{Lease, free_key};
+use super::lease::{Lease, free_key};
 use super::watch::{Follow, Seen, Start, Target, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;

@@ -136,6 +136,7 @@
 mod builder;
 mod contender;
 mod error;
+mod lease;
 mod observer;
 mod session;
 mod tls;
@@ -196,7 +197,7 @@ struct Inner {
     client: Client,
     settings: Settings,
     /// Leases shared by the sessions with equal options.
-    leases: SessionPool<session::Lease>,
+    leases: SessionPool<lease::Lease>,
     /// The one watch stream that every watch of this backend shares.
     watches: watch::Hub,
     /// One permit per request that may be in flight ([`MAX_REQUESTS_IN_FLIGHT`]).

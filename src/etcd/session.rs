@@ -10,51 +10,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::contender::EtcdContender;
+use super::lease::Lease;
 use super::{EtcdBackend, NAME, SEPARATOR, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
 use crate::backend::pool::{Poolable, Shared};
-use crate::backend::{Candidate, Session, SessionHealth, SessionLoss, SessionOptions};
+use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
 use crate::{Error, Result};
-
-/// A granted lease and its keep-alive, shared through the backend's pool by every
-/// [`EtcdSession`] with its options.
-pub(super) struct Lease {
-    backend: EtcdBackend,
-    pub id: i64,
-    ttl: Duration,
-    keepalive: KeepAlive,
-    /// The health the sessions see: the keep-alive's, forwarded, except that a lease etcd
-    /// says it does not know is lost at once ([`Lease::gone`]), without waiting for the next
-    /// renewal to hear it.
-    health: watch::Receiver<SessionHealth>,
-    health_tx: Arc<watch::Sender<SessionHealth>>,
-    /// The candidate keys claimed by contenders of this lease, so that two campaigns for the
-    /// same election sharing the lease still get a key each.
-    keys: Mutex<HashSet<String>>,
-}
-
-impl Lease {
-    pub fn health(&self) -> watch::Receiver<SessionHealth> {
-        self.health.clone()
-    }
-
-    /// etcd said it does not know this lease (it expired, or was revoked): the session is
-    /// lost ([`SessionLoss::Expired`]) now, and renewing it is pointless.
-    pub fn gone(&self) {
-        let marked = self.health_tx.send_if_modified(|h| match h.lost {
-            Some(_) => false,
-            None => {
-                h.lost = Some(SessionLoss::Expired);
-                true
-            }
-        });
-        if marked {
-            tracing::debug!(lease = %format_args!("{:x}", self.id), "etcd does not know the lease any more; the session is lost");
-        }
-        self.keepalive.stop();
-    }
-}
 
 /// Copies the keep-alive's health into the sessions' channel as it changes, keeping a loss
 /// that [`Lease::gone`] set first. Ends when the keep-alive does.
@@ -347,9 +309,4 @@ impl Session for EtcdSession {
     async fn close(self) -> Result<()> {
         self.lease.close().await
     }
-}
-
-/// Gives a contender's key back to its lease when the contender is dropped.
-pub(super) fn free_key(lease: &Lease, key: &str) {
-    lock(&lease.keys).remove(key);
 }

@@ -18,7 +18,7 @@ use tokio::time::{Instant, timeout_at};
 use super::{EtcdBackend, error};
 use crate::Result;
 use crate::backoff::{Backoff, Retries};
-use crate::event::{QueueReceiver, QueueSender, queue};
+use crate::queue::{QueueReceiver, QueueSender, queue};
 
 /// The first pause before re-establishing a broken watch.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::session::Zk;
+use super::shared::Zk;
 use super::{ZookeeperBackend, from_client, leader_of, store, token_of};
 use crate::Result;
 use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};

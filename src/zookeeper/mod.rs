@@ -144,6 +144,7 @@ mod builder;
 mod contender;
 mod observer;
 mod session;
+mod shared;
 
 use std::fmt;
 use std::sync::Arc;
@@ -185,7 +186,7 @@ pub struct ZookeeperBackend {
 
 struct Inner {
     settings: Settings,
-    sessions: SessionPool<session::Zk>,
+    sessions: SessionPool<shared::Zk>,
     /// The client observers read with (a session of its own), reconnected when it ends.
     reader: tokio::sync::Mutex<Option<zk::Client>>,
 }
