@@ -32,7 +32,7 @@ macro_rules! any_backend {
     ($( $(#[$cfg:meta])* $variant:ident($backend:ty), )*) => {
         /// Any of the stores compiled in, chosen at run time: made by
         /// [`AnyBackend::connect`] from a URL, or with `From` from a backend made by hand.
-        /// Cheap to clone. See the [module docs](self).
+        /// Cheap to clone. [`url`](crate::url) lists the URL forms.
         #[derive(Clone, Debug)]
         #[non_exhaustive]
         pub enum AnyBackend {

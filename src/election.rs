@@ -190,8 +190,8 @@ impl<B: Backend> ElectionBuilder<B> {
     /// Checks every setting against the others and against the backend's limits.
     ///
     /// # Errors
-    /// [`Error::InvalidElectionName`], [`Error::InvalidCandidate`] or
-    /// [`Error::InvalidTiming`], each saying what to change.
+    /// [`Error::InvalidElectionName`](crate::Error::InvalidElectionName), [`Error::InvalidCandidate`](crate::Error::InvalidCandidate) or
+    /// [`Error::InvalidTiming`](crate::Error::InvalidTiming), each saying what to change.
     pub fn build(self) -> Result<Election<B>> {
         let config = self.draft.validate(&self.backend.info())?;
         Ok(Election {

@@ -77,6 +77,20 @@ impl Default for FileBackend {
     }
 }
 
+/// The URL form, for messages.
+const URL_FORM: &str = "file:///path/to/dir";
+
+/// `file:…`, after the scheme: the lock directory (`None`: the default).
+pub(crate) fn parse_url(shown: &str, rest: &str) -> Result<Option<PathBuf>> {
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    if !path.is_empty() && !path.starts_with('/') {
+        return Err(crate::secret::bad(format!(
+            "{shown:?}: a file URL needs an absolute path, as in file:///var/lib/app/elections"
+        )));
+    }
+    Ok(Some(path).filter(|p| !p.is_empty()).map(PathBuf::from))
+}
+
 impl FileBackend {
     /// Lock files in `$TMPDIR/incumbent` (usually `/tmp/incumbent`), shared by every process
     /// of this host that uses the default.
@@ -89,6 +103,22 @@ impl FileBackend {
         FileBackend {
             dir: Arc::new(dir.into()),
         }
+    }
+
+    /// The backend a URL names: `file:///path/to/dir`, or `file:` for the default directory
+    /// of [`new`](FileBackend::new).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a URL of another form, or a relative path.
+    pub fn from_url(url: &str) -> Result<FileBackend> {
+        let (shown, scheme, rest) = crate::secret::split_url(url, URL_FORM)?;
+        if scheme != "file" {
+            return Err(crate::secret::wrong_scheme(&shown, URL_FORM));
+        }
+        Ok(match parse_url(&shown, rest)? {
+            Some(dir) => FileBackend::in_dir(dir),
+            None => FileBackend::new(),
+        })
     }
 
     /// The directory holding the lock files.

@@ -228,6 +228,7 @@ mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod runner;
+mod secret;
 mod term;
 pub mod time;
 pub mod url;

@@ -14,6 +14,17 @@
 //! | `redis://host:port[/db]`, `rediss://host:port[/db]` | Redis (database `db`, default 0; `rediss://`: TLS, the server's certificate checked against `INCUMBENT_REDIS_CA_FILE` or the system's roots) | `redis` (`redis-tls` for `rediss://`) |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //!
+//! Each store owns its form and its settings from the environment: its `from_url` gives the
+//! store's builder, to set more before connecting
+//! ([`EtcdBackend::from_url`](crate::etcd::EtcdBackend::from_url),
+//! [`ConsulBackend::from_url`](crate::consul::ConsulBackend::from_url),
+//! [`RedisBackend::from_url`](crate::redis::RedisBackend::from_url),
+//! [`MemcachedBackend::from_url`](crate::memcached::MemcachedBackend::from_url),
+//! [`ZookeeperBackend::from_url`](crate::zookeeper::ZookeeperBackend::from_url),
+//! [`FileBackend::from_url`](crate::file::FileBackend::from_url)). [`BackendUrl`] is the
+//! dispatch above them: it picks the store by the scheme, and a store whose feature is not
+//! compiled in is an [`Error::InvalidConfig`] that names the feature.
+//!
 //! # Credentials
 //!
 //! Credentials never go in the URL (it ends up in logs, process lists and shell histories):
@@ -92,6 +103,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::backend::Backend;
+pub use crate::secret::TlsFiles;
+#[allow(unused_imports)]
+use crate::secret::{bad, not_compiled, redact, redact_prefix, show_endpoints, split_url};
 use crate::{Error, Result};
 
 /// A parsed backend URL. See the [module docs](self) for the forms.
@@ -154,223 +168,149 @@ pub trait WithBackend {
 
 const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
 
-/// Where credentials go instead of the URL.
-const CREDENTIALS_HINT: &str = "credentials come from the environment, never the URL: \
-     ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
-     CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul, \
-     INCUMBENT_ZK_AUTH=user:password for ZooKeeper, \
-     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis (memcached has no authentication)";
-
-fn bad(reason: String) -> Error {
-    Error::InvalidConfig {
-        backend: "url",
-        reason,
-    }
-}
-
-/// `text` (a URL, an endpoint or an address) with anything that may be a secret replaced by
-/// `***`: user info (`user:password@`) becomes `***@`, a query string or fragment becomes
-/// `?***`. When both `@` and `?` or `#` occur, which part is which cannot be told, and all
-/// but the scheme is hidden. Use it wherever a URL given by a user is formatted.
-pub(crate) fn redact(text: &str) -> String {
-    let (scheme, rest) = match text.find("://") {
-        Some(i) => text.split_at(i + 3),
-        None => ("", text),
-    };
-    let query = rest.find(['?', '#']);
-    match (rest.rfind('@'), query) {
-        (Some(_), Some(_)) => format!("{scheme}***"),
-        (Some(at), None) => format!("{scheme}***{}", &rest[at..]),
-        (None, Some(q)) => format!("{scheme}{}?***", &rest[..q]),
-        (None, None) => text.to_owned(),
-    }
-}
-
-/// A key prefix as shown: cut at a `?` or `#`, which [`BackendUrl::from_str`] refuses anyway.
-fn redact_prefix(prefix: &str) -> String {
-    match prefix.find(['?', '#', '@']) {
-        Some(i) => format!("{}***", &prefix[..i]),
-        None => prefix.to_owned(),
-    }
-}
-
-/// Splits `host:port[,host:port…][/prefix]` and checks each address.
-fn hosts_and_prefix(shown: &str, rest: &str) -> Result<(Vec<String>, Option<String>)> {
-    let (hosts, prefix) = match rest.split_once('/') {
-        Some((hosts, prefix)) => (hosts, Some(prefix).filter(|p| !p.is_empty())),
-        None => (rest, None),
-    };
-    let mut out = Vec::new();
-    for host in hosts.split(',') {
-        let valid = host
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
-        if !valid {
-            return Err(bad(format!("{shown:?}: {host:?} is not host:port")));
-        }
-        out.push(format!("http://{host}"));
-    }
-    Ok((out, prefix.map(|p| format!("{}/", p.trim_end_matches('/')))))
-}
-
-/// `etcd[+https]:…` and `consul[+https]:…`, after the scheme: the endpoints (none: from the
-/// environment) and the prefix.
-fn store_url(shown: &str, scheme: &str, rest: &str) -> Result<BackendUrl> {
-    let (store, tls) = match scheme.split_once('+') {
-        Some((store, _)) => (store, true),
-        None => (scheme, false),
-    };
-    if rest.contains(['?', '#']) {
-        return Err(bad(format!(
-            "{shown:?}: '?' and '#' are not allowed, neither as a query string \
-             (e.g. ?token=…) nor in the key prefix, where they would end up in \
-             store keys and logs; write {scheme}://host:port[/prefix] with a \
-             prefix of letters, digits, '/', '.', '_' or '-', and note that \
-             {CREDENTIALS_HINT}"
-        )));
-    }
-    let from_env = if store == "etcd" {
-        "ETCDCTL_ENDPOINTS"
-    } else {
-        "CONSUL_HTTP_ADDR"
-    };
-    let authority = match rest.strip_prefix("//") {
-        Some(after) => after,
-        None if rest.is_empty() || rest.starts_with('/') => "",
-        None => return Err(bad(format!("{shown:?}: write {scheme}://host:port"))),
-    };
-    let (hosts, prefix) = if authority.is_empty() || authority.starts_with('/') {
-        if tls {
-            return Err(bad(format!(
-                "{shown:?}: write {scheme}://host:port, or {store}: to take the address from \
-                 {from_env} (where https:// turns TLS on)"
-            )));
-        }
-        let prefix = authority.trim_matches('/');
-        let prefix = Some(prefix).filter(|p| !p.is_empty());
-        (Vec::new(), prefix.map(|p| format!("{p}/")))
-    } else {
-        hosts_and_prefix(shown, authority)?
-    };
-    let hosts: Vec<String> = if tls {
-        hosts
-            .iter()
-            .map(|h| h.replacen("http://", "https://", 1))
-            .collect()
-    } else {
-        hosts
-    };
-    if store == "etcd" {
-        return Ok(BackendUrl::Etcd {
-            endpoints: hosts,
-            prefix,
-        });
-    }
-    if hosts.len() > 1 {
-        return Err(bad(format!(
-            "{shown:?}: name one Consul agent (the local one); agents forward to the servers"
-        )));
-    }
-    Ok(BackendUrl::Consul {
-        address: hosts.into_iter().next().unwrap_or_default(),
-        prefix,
-    })
-}
-
+/// Each scheme goes to its store's URL form (`etcd/url.rs`, `consul/url.rs`, …); a store
+/// whose feature is not compiled in says which feature to enable.
 impl FromStr for BackendUrl {
     type Err = Error;
 
     fn from_str(url: &str) -> Result<Self> {
-        // Every message shows the URL redacted: it may hold a password or token.
-        let shown = redact(url);
-        let Some((scheme, rest)) = url.split_once(':') else {
-            return Err(bad(format!("{shown:?} has no scheme; {FORMS}")));
-        };
-        if url.contains('@') && scheme != "file" {
-            return Err(bad(format!(
-                "{shown:?}: user info (user:password@) is not allowed in a backend URL; \
-                 {CREDENTIALS_HINT}"
-            )));
-        }
+        let (shown, scheme, rest) = split_url(url, FORMS)?;
+        let shown = shown.as_str();
         match scheme {
             "memory" => Ok(BackendUrl::Memory),
-            "file" => {
-                let path = rest.strip_prefix("//").unwrap_or(rest);
-                if !path.is_empty() && !path.starts_with('/') {
-                    return Err(bad(format!(
-                        "{shown:?}: a file URL needs an absolute path, as in file:///var/lib/app/elections"
-                    )));
-                }
-                Ok(BackendUrl::File {
-                    dir: Some(path).filter(|p| !p.is_empty()).map(PathBuf::from),
-                })
-            }
-            "etcd" | "etcd+https" | "consul" | "consul+https" => store_url(&shown, scheme, rest),
-            "zk" => zk_url(&shown, rest),
-            "redis" => redis_url(&shown, rest, false),
-            "rediss" => redis_url(&shown, rest, true),
-            "memcached" => {
-                if rest.contains(['?', '#']) || rest.trim_start_matches("//").contains('/') {
-                    return Err(bad(format!(
-                        "{shown:?}: write memcached://host:port (no path, no query string)"
-                    )));
-                }
-                let rest = rest.strip_prefix("//").unwrap_or(rest);
-                let (hosts, _) = hosts_and_prefix(&shown, rest)?;
-                if hosts.len() > 1 {
-                    return Err(bad(format!("{shown:?}: name one memcached server")));
-                }
-                Ok(BackendUrl::Memcached {
-                    address: rest.to_owned(),
-                })
-            }
+            "file" => parse_file(shown, rest),
+            "etcd" | "etcd+https" => parse_etcd(shown, scheme, rest),
+            "consul" | "consul+https" => parse_consul(shown, scheme, rest),
+            "zk" => parse_zookeeper(shown, rest),
+            "redis" | "rediss" => parse_redis(shown, rest, scheme == "rediss"),
+            "memcached" => parse_memcached(shown, rest),
             // Only the scheme is shown: what follows may be a password (`user:password`).
             other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
         }
     }
 }
 
+/// Defines `parse_<store>` (the store's URL form, or "not compiled") and `connect_<store>`
+/// (the store's builder from the parsed parts, connected, or "not compiled") for a store
+/// behind a feature.
+macro_rules! store_form {
+    ($feature:literal, $parse:ident ($($arg:ident : $ty:ty),*) $parse_body:block,
+     $connect:ident ($code:ident $(, $carg:ident : $cty:ty)*) $connect_body:block) => {
+        #[cfg(feature = $feature)]
+        fn $parse($($arg: $ty),*) -> Result<BackendUrl> $parse_body
+
+        #[cfg(not(feature = $feature))]
+        fn $parse($(_: $ty),*) -> Result<BackendUrl> {
+            Err(not_compiled($feature))
+        }
+
+        #[cfg(feature = $feature)]
+        async fn $connect<V: WithBackend>($code: V $(, $carg: $cty)*) -> Result<V::Output> $connect_body
+
+        #[cfg(not(feature = $feature))]
+        async fn $connect<V: WithBackend>(_: V $(, _: $cty)*) -> Result<V::Output> {
+            Err(not_compiled($feature))
+        }
+    };
+}
+
+store_form!(
+    "etcd",
+    parse_etcd(shown: &str, scheme: &str, rest: &str) {
+        let (endpoints, prefix) = crate::etcd::url::parse(shown, scheme, rest)?;
+        Ok(BackendUrl::Etcd { endpoints, prefix })
+    },
+    connect_etcd(code, endpoints: &[String], prefix: Option<&str>, tls: &TlsFiles) {
+        let backend = crate::etcd::url::builder(endpoints, prefix, tls)?.connect().await?;
+        Ok(code.call(backend).await)
+    }
+);
+
+store_form!(
+    "consul",
+    parse_consul(shown: &str, scheme: &str, rest: &str) {
+        let (address, prefix) = crate::consul::url::parse(shown, scheme, rest)?;
+        Ok(BackendUrl::Consul { address, prefix })
+    },
+    connect_consul(code, address: &str, prefix: Option<&str>, tls: &TlsFiles) {
+        let backend = crate::consul::url::builder(address, prefix, tls)?.build()?;
+        Ok(code.call(backend).await)
+    }
+);
+
+store_form!(
+    "zookeeper",
+    parse_zookeeper(shown: &str, rest: &str) {
+        let (servers, chroot) = crate::zookeeper::url::parse(shown, rest)?;
+        Ok(BackendUrl::Zookeeper { servers, chroot })
+    },
+    connect_zookeeper(code, servers: &[String], chroot: Option<&str>) {
+        let backend = crate::zookeeper::url::builder(servers, chroot)?.connect().await?;
+        Ok(code.call(backend).await)
+    }
+);
+
+store_form!(
+    "redis",
+    parse_redis(shown: &str, rest: &str, tls: bool) {
+        let (address, db) = crate::redis::url::parse(shown, rest)?;
+        Ok(BackendUrl::Redis { address, db, tls })
+    },
+    connect_redis(code, address: &str, db: i64, tls: bool) {
+        let backend = crate::redis::url::builder(address, db, tls)?.connect().await?;
+        Ok(code.call(backend).await)
+    }
+);
+
+store_form!(
+    "memcached",
+    parse_memcached(shown: &str, rest: &str) {
+        let address = crate::memcached::url::parse(shown, rest)?;
+        Ok(BackendUrl::Memcached { address })
+    },
+    connect_memcached(code, address: &str) {
+        let backend = crate::memcached::MemcachedBackend::builder(address).connect().await?;
+        Ok(code.call(backend).await)
+    }
+);
+
+#[cfg(all(feature = "file", unix))]
+fn parse_file(shown: &str, rest: &str) -> Result<BackendUrl> {
+    Ok(BackendUrl::File {
+        dir: crate::file::parse_url(shown, rest)?,
+    })
+}
+
+#[cfg(not(all(feature = "file", unix)))]
+fn parse_file(_shown: &str, _rest: &str) -> Result<BackendUrl> {
+    Err(not_compiled("file"))
+}
+
+#[cfg(all(feature = "file", unix))]
+async fn connect_file<V: WithBackend>(code: V, dir: Option<PathBuf>) -> Result<V::Output> {
+    let backend = match dir {
+        Some(dir) => crate::file::FileBackend::in_dir(dir),
+        None => crate::file::FileBackend::new(),
+    };
+    Ok(code.call(backend).await)
+}
+
+#[cfg(not(all(feature = "file", unix)))]
+async fn connect_file<V: WithBackend>(_code: V, _dir: Option<PathBuf>) -> Result<V::Output> {
+    Err(not_compiled("file"))
+}
+
 /// The URL as written, with user info, query strings and fragments redacted (a parsed URL
 /// has none, but the fields are public).
 impl fmt::Display for BackendUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let strip = |e: &String| {
-            redact(
-                e.trim_start_matches("http://")
-                    .trim_start_matches("https://"),
-            )
-        };
-        let prefix = |p: &Option<String>| {
-            p.as_deref()
-                .map(|p| format!("/{}", redact_prefix(p)))
-                .unwrap_or_default()
-        };
-        // `etcd+https://` when the endpoints are https://; `etcd:` when they come from the
-        // environment.
-        let store =
-            |f: &mut fmt::Formatter<'_>, name: &str, hosts: &[String], p: &Option<String>| {
-                if hosts.is_empty() {
-                    return match p {
-                        Some(_) => write!(f, "{name}://{}", prefix(p)),
-                        None => write!(f, "{name}:"),
-                    };
-                }
-                let tls = if hosts.iter().any(|h| h.starts_with("https://")) {
-                    "+https"
-                } else {
-                    ""
-                };
-                let hosts: Vec<String> = hosts.iter().map(strip).collect();
-                write!(f, "{name}{tls}://{}{}", hosts.join(","), prefix(p))
-            };
         match self {
             BackendUrl::Memory => write!(f, "memory:"),
             BackendUrl::File { dir: None } => write!(f, "file:"),
             BackendUrl::File { dir: Some(dir) } => write!(f, "file://{}", dir.display()),
-            BackendUrl::Etcd {
-                endpoints,
-                prefix: p,
-            } => store(f, "etcd", endpoints, p),
+            BackendUrl::Etcd { endpoints, prefix } => {
+                f.write_str(&show_endpoints("etcd", endpoints, prefix.as_deref()))
+            }
             BackendUrl::Zookeeper { servers, chroot } => write!(
                 f,
                 "zk://{}{}",
@@ -381,13 +321,13 @@ impl fmt::Display for BackendUrl {
                     .join(","),
                 chroot.as_deref().map(redact_prefix).unwrap_or_default()
             ),
-            BackendUrl::Consul { address, prefix: p } => {
+            BackendUrl::Consul { address, prefix } => {
                 let hosts: &[String] = if address.is_empty() {
                     &[]
                 } else {
                     std::slice::from_ref(address)
                 };
-                store(f, "consul", hosts, p)
+                f.write_str(&show_endpoints("consul", hosts, prefix.as_deref()))
             }
             BackendUrl::Redis { address, db, tls } => {
                 let scheme = if *tls { "rediss" } else { "redis" };
@@ -440,28 +380,6 @@ impl fmt::Debug for BackendUrl {
                 .field("tls", tls)
                 .finish(),
         }
-    }
-}
-
-/// TLS certificate files for etcd and Consul, given directly (the CLI's `--ca-file`,
-/// `--cert-file` and `--key-file`). Each file given here wins over its environment variable
-/// (`ETCDCTL_CACERT`, `CONSUL_CACERT`, …); see the [module docs](self#tls).
-///
-/// Only paths are held: the files are read when connecting, and their contents (a private
-/// key) never appear in `Debug` output or messages.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The CA certificate (PEM) that signed the store's certificates.
-    pub ca: Option<PathBuf>,
-    /// The client certificate (PEM), for stores that require one; needs [`key`](Self::key).
-    pub cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM).
-    pub key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    fn is_empty(&self) -> bool {
-        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
     }
 }
 
@@ -522,511 +440,47 @@ impl BackendUrl {
         }
         match self {
             BackendUrl::Memory => Ok(code.call(crate::memory::MemoryBackend::new()).await),
-            BackendUrl::File { dir } => connect_file(dir.clone(), code).await,
+            BackendUrl::File { dir } => connect_file(code, dir.clone()).await,
             BackendUrl::Etcd { endpoints, prefix } => {
-                connect_etcd(endpoints, prefix.as_deref(), tls, code).await
+                connect_etcd(code, endpoints, prefix.as_deref(), tls).await
             }
             BackendUrl::Zookeeper { servers, chroot } => {
-                connect_zookeeper(servers, chroot.as_deref(), code).await
+                connect_zookeeper(code, servers, chroot.as_deref()).await
             }
             BackendUrl::Consul { address, prefix } => {
-                connect_consul(address, prefix.as_deref(), tls, code).await
+                connect_consul(code, address, prefix.as_deref(), tls).await
             }
-            BackendUrl::Redis { address, db, tls } => connect_redis(address, *db, *tls, code).await,
-            BackendUrl::Memcached { address } => connect_memcached(address, code).await,
+            BackendUrl::Redis { address, db, tls } => connect_redis(code, address, *db, *tls).await,
+            BackendUrl::Memcached { address } => connect_memcached(code, address).await,
         }
-    }
-}
-
-/// The environment variables of one store's TLS files.
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
-struct TlsVars {
-    backend: &'static str,
-    ca: &'static str,
-    cert: &'static str,
-    key: &'static str,
-}
-
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-const ETCD_TLS_VARS: TlsVars = TlsVars {
-    backend: "etcd",
-    ca: "ETCDCTL_CACERT",
-    cert: "ETCDCTL_CERT",
-    key: "ETCDCTL_KEY",
-};
-
-#[cfg_attr(not(feature = "consul"), allow(dead_code))]
-const CONSUL_TLS_VARS: TlsVars = TlsVars {
-    backend: "consul",
-    ca: "CONSUL_CACERT",
-    cert: "CONSUL_CLIENT_CERT",
-    key: "CONSUL_CLIENT_KEY",
-};
-
-/// The PEM of a store's CA and client identity, read from the files of `given` or, for each
-/// one not given, of the variables `vars` names (through `var`).
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
-#[derive(Debug, Default, PartialEq, Eq)]
-struct TlsPaths {
-    /// Each path, with where it came from (a variable's name, or "" when given directly).
-    ca: Option<(PathBuf, &'static str)>,
-    cert: Option<(PathBuf, &'static str)>,
-    key: Option<(PathBuf, &'static str)>,
-}
-
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
-impl TlsPaths {
-    /// Each file of `given`, or else of its variable.
-    fn resolve(given: &TlsFiles, vars: &TlsVars, var: impl Fn(&str) -> Option<String>) -> Self {
-        let pick = |given: &Option<PathBuf>, name: &'static str| match given {
-            Some(path) => Some((path.clone(), "")),
-            None => var(name).map(|path| (PathBuf::from(path), name)),
-        };
-        TlsPaths {
-            ca: pick(&given.ca, vars.ca),
-            cert: pick(&given.cert, vars.cert),
-            key: pick(&given.key, vars.key),
-        }
-    }
-
-    /// The CA's PEM, and the client certificate's and key's, read from their files.
-    #[allow(clippy::type_complexity)]
-    fn read(&self, vars: &TlsVars) -> Result<(Option<Vec<u8>>, Option<(Vec<u8>, Vec<u8>)>)> {
-        let read =
-            |file: &Option<(PathBuf, &'static str)>, what: &str| -> Result<Option<Vec<u8>>> {
-                let Some((path, from)) = file else {
-                    return Ok(None);
-                };
-                let from = if from.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (from {from})")
-                };
-                std::fs::read(path).map(Some).map_err(|e| Error::InvalidConfig {
-                backend: vars.backend,
-                reason: format!(
-                    "cannot read the {what} file {}{from}: {e}; fix the path or its permissions",
-                    path.display()
-                ),
-            })
-            };
-        let identity = match (&self.cert, &self.key) {
-            (None, None) => None,
-            (Some(_), Some(_)) => Some((
-                read(&self.cert, "client certificate")?.unwrap_or_default(),
-                read(&self.key, "client key")?.unwrap_or_default(),
-            )),
-            (Some(_), None) | (None, Some(_)) => {
-                return Err(Error::InvalidConfig {
-                    backend: vars.backend,
-                    reason: format!(
-                        "a client certificate needs its private key and the other way round; \
-                         give both files (incumbent: --cert-file and --key-file; or {} and {})",
-                        vars.cert, vars.key
-                    ),
-                });
-            }
-        };
-        Ok((read(&self.ca, "CA certificate")?, identity))
-    }
-}
-
-/// Refuses TLS files given directly for a URL without TLS (the variables are ignored then:
-/// they are often set for a whole shell).
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
-fn no_tls_files(given: &TlsFiles, backend: &'static str, shown: &str) -> Result<()> {
-    if given.is_empty() {
-        return Ok(());
-    }
-    Err(Error::InvalidConfig {
-        backend,
-        reason: format!(
-            "TLS certificate files were given, but {shown} is plain HTTP; write \
-             {backend}+https://host:port to use TLS, or drop the files"
-        ),
-    })
-}
-
-/// etcd's endpoints from `ETCDCTL_ENDPOINTS` (read through `var`), or etcdctl's default.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-fn etcd_endpoints(var: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    match var("ETCDCTL_ENDPOINTS") {
-        Some(list) => list
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(str::to_owned)
-            .collect(),
-        None => vec![DEFAULT_ETCD_ENDPOINT.to_owned()],
     }
 }
 
 /// Consul's longest lock-delay (`consul::MAX_LOCK_DELAY`, here in builds without Consul too).
 const CONSUL_MAX_LOCK_DELAY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Where `etcd:` connects when `ETCDCTL_ENDPOINTS` is unset, as etcdctl does.
-const DEFAULT_ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
-/// Where `consul:` connects when `CONSUL_HTTP_ADDR` is unset, as Consul's tools do.
-const DEFAULT_CONSUL_ADDRESS: &str = "http://127.0.0.1:8500";
-
-/// The Consul agent's address from `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_SSL` (read through
-/// `var`), or Consul's default.
-#[cfg_attr(not(feature = "consul"), allow(dead_code))]
-fn consul_address(var: impl Fn(&str) -> Option<String>) -> String {
-    let Some(address) = var("CONSUL_HTTP_ADDR") else {
-        return DEFAULT_CONSUL_ADDRESS.to_owned();
-    };
-    if address.contains("://") {
-        return address;
-    }
-    let ssl = var("CONSUL_HTTP_SSL")
-        .is_some_and(|v| matches!(v.as_str(), "true" | "1" | "TRUE" | "True"));
-    format!("{}://{address}", if ssl { "https" } else { "http" })
-}
-
-#[cfg_attr(
-    all(feature = "file", unix, feature = "etcd", feature = "consul"),
-    allow(dead_code)
-)]
-fn not_compiled(feature: &'static str) -> Error {
-    Error::InvalidConfig {
-        backend: feature,
-        reason: format!(
-            "this build has no {feature} backend; rebuild with `--features {feature}` (or `full`)"
-        ),
-    }
-}
-
-/// A variable of the process environment; empty counts as unset.
-#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
-/// The etcd user and password from the environment (see the [module docs](self)), read
-/// through `var`.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-fn etcd_credentials(var: impl Fn(&str) -> Option<String>) -> Result<Option<(String, String)>> {
-    if let Some(user) = var("INCUMBENT_ETCD_USER") {
-        let password = var("INCUMBENT_ETCD_PASSWORD").unwrap_or_default();
-        return Ok(Some((user, password)));
-    }
-    let Some(user) = var("ETCDCTL_USER") else {
-        return Ok(None);
-    };
-    if let Some(password) = var("ETCDCTL_PASSWORD") {
-        return Ok(Some((user, password)));
-    }
-    match user.split_once(':') {
-        Some((name, password)) if !name.is_empty() => {
-            Ok(Some((name.to_owned(), password.to_owned())))
-        }
-        _ => Err(Error::InvalidConfig {
-            backend: "etcd",
-            reason: "ETCDCTL_USER has no password and ETCDCTL_PASSWORD is unset; write \
-                     ETCDCTL_USER=user:password, or set ETCDCTL_PASSWORD"
-                .into(),
-        }),
-    }
-}
-
-/// The Consul ACL token from the environment (see the [module docs](self)), read through
-/// `var`, the token file through `read`.
-#[cfg_attr(not(feature = "consul"), allow(dead_code))]
-fn consul_token(
-    var: impl Fn(&str) -> Option<String>,
-    read: impl Fn(&str) -> std::io::Result<String>,
-) -> Result<Option<String>> {
-    if let Some(path) = var("CONSUL_HTTP_TOKEN_FILE") {
-        // The error names the file, never its contents.
-        let text = read(&path).map_err(|e| Error::InvalidConfig {
-            backend: "consul",
-            reason: format!(
-                "cannot read the ACL token from CONSUL_HTTP_TOKEN_FILE ({path:?}): {e}; \
-                 fix the path or its permissions, or unset the variable"
-            ),
-        })?;
-        let token = text.trim();
-        if !token.is_empty() {
-            return Ok(Some(token.to_owned()));
-        }
-    }
-    Ok(var("CONSUL_HTTP_TOKEN"))
-}
-
-/// `redis://host:port[/db]` (or `rediss://`, `tls`), after the scheme: the address and
-/// database.
-fn redis_url(shown: &str, rest: &str, tls: bool) -> Result<BackendUrl> {
-    if rest.contains(['?', '#']) {
-        return Err(bad(format!(
-            "{shown:?}: '?' and '#' are not allowed (no query string, e.g. ?password=…); \
-             write redis://host:port[/db], and note that {CREDENTIALS_HINT}"
-        )));
-    }
-    let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
-        return Err(bad(format!("{shown:?}: write redis://host:port[/db]")));
-    };
-    let (host, db) = match rest.split_once('/') {
-        Some((host, "")) => (host, 0),
-        Some((host, db)) => match db.parse::<i64>() {
-            Ok(db) if db >= 0 => (host, db),
-            _ => {
-                return Err(bad(format!(
-                    "{shown:?}: {db:?} is not a database number; write redis://host:port[/db]"
-                )));
-            }
-        },
-        None => (rest, 0),
-    };
-    let (hosts, _) = hosts_and_prefix(shown, host)?;
-    if hosts.len() > 1 {
-        return Err(bad(format!(
-            "{shown:?}: name one Redis server, the primary (Redis Cluster is not supported)"
-        )));
-    }
-    Ok(BackendUrl::Redis {
-        address: host.to_owned(),
-        db,
-        tls,
-    })
-}
-
-/// The Redis user and password from the environment (see the [module docs](self)), read
-/// through `var`.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn redis_credentials(var: impl Fn(&str) -> Option<String>) -> (Option<String>, Option<String>) {
-    let password = var("INCUMBENT_REDIS_PASSWORD").or_else(|| var("REDISCLI_AUTH"));
-    (var("INCUMBENT_REDIS_USER"), password)
-}
-
-#[cfg(feature = "redis")]
-async fn connect_redis<V: WithBackend>(
-    address: &str,
-    db: i64,
-    tls: bool,
-    code: V,
-) -> Result<V::Output> {
-    use crate::redis::{RedisBackend, RedisConfig};
-    let mut config = RedisConfig::new(address).db(db);
-    if tls {
-        #[cfg(feature = "redis-tls")]
-        {
-            config = match env("INCUMBENT_REDIS_CA_FILE") {
-                Some(ca_file) => config.ca_file(ca_file),
-                None => config.tls(),
-            };
-        }
-        #[cfg(not(feature = "redis-tls"))]
-        return Err(not_compiled("redis-tls"));
-    }
-    let (user, password) = redis_credentials(env);
-    if let Some(user) = user {
-        config = config.username(user);
-    }
-    if let Some(password) = password {
-        config = config.password(password);
-    }
-    let backend = RedisBackend::builder(config).connect().await?;
-    Ok(code.call(backend).await)
-}
-
-#[cfg(not(feature = "redis"))]
-async fn connect_redis<V: WithBackend>(
-    _address: &str,
-    _db: i64,
-    _tls: bool,
-    _code: V,
-) -> Result<V::Output> {
-    Err(not_compiled("redis"))
-}
-
-#[cfg(feature = "memcached")]
-async fn connect_memcached<V: WithBackend>(address: &str, code: V) -> Result<V::Output> {
-    let backend = crate::memcached::MemcachedBackend::connect(address).await?;
-    Ok(code.call(backend).await)
-}
-
-#[cfg(not(feature = "memcached"))]
-async fn connect_memcached<V: WithBackend>(_address: &str, _code: V) -> Result<V::Output> {
-    Err(not_compiled("memcached"))
-}
-
-#[cfg(all(feature = "file", unix))]
-async fn connect_file<V: WithBackend>(dir: Option<PathBuf>, code: V) -> Result<V::Output> {
-    let backend = match dir {
-        Some(dir) => crate::file::FileBackend::in_dir(dir),
-        None => crate::file::FileBackend::new(),
-    };
-    Ok(code.call(backend).await)
-}
-
-#[cfg(not(all(feature = "file", unix)))]
-async fn connect_file<V: WithBackend>(_dir: Option<PathBuf>, _code: V) -> Result<V::Output> {
-    Err(not_compiled("file"))
-}
-
-#[cfg(feature = "etcd")]
-async fn connect_etcd<V: WithBackend>(
-    endpoints: &[String],
-    prefix: Option<&str>,
-    given: &TlsFiles,
-    code: V,
-) -> Result<V::Output> {
-    let from_env = endpoints.is_empty();
-    let endpoints = if from_env {
-        etcd_endpoints(env)
-    } else {
-        endpoints.to_vec()
-    };
-    let shown = BackendUrl::Etcd {
-        endpoints: endpoints.clone(),
-        prefix: None,
-    }
-    .to_string();
-    let paths = TlsPaths::resolve(given, &ETCD_TLS_VARS, env);
-    // Endpoints without a scheme (from ETCDCTL_ENDPOINTS only) are https:// when a CA is
-    // given, as etcdctl has them.
-    let tls = endpoints.iter().any(|e| e.starts_with("https://"))
-        || (from_env && !endpoints.iter().any(|e| e.contains("://")) && paths.ca.is_some());
-    let mut builder = crate::etcd::EtcdBackend::builder(endpoints.iter().cloned());
-    if tls {
-        let (ca, identity) = paths.read(&ETCD_TLS_VARS)?;
-        let Some(ca) = ca else {
-            return Err(Error::InvalidConfig {
-                backend: "etcd",
-                reason: format!(
-                    "{shown} needs the CA certificate that signed etcd's certificates; give \
-                     its file (incumbent: --ca-file; or ETCDCTL_CACERT)"
-                ),
-            });
-        };
-        builder = builder.ca_certificate(ca);
-        if let Some((cert, key)) = identity {
-            builder = builder.client_identity(cert, key);
-        }
-    } else {
-        no_tls_files(given, "etcd", &shown)?;
-    }
-    if let Some(prefix) = prefix {
-        builder = builder.prefix(prefix);
-    }
-    if let Some((user, password)) = etcd_credentials(env)? {
-        builder = builder.user(user, password);
-    }
-    Ok(code.call(builder.connect().await?).await)
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn connect_etcd<V: WithBackend>(
-    _endpoints: &[String],
-    _prefix: Option<&str>,
-    _given: &TlsFiles,
-    _code: V,
-) -> Result<V::Output> {
-    Err(not_compiled("etcd"))
-}
-
-#[cfg(feature = "consul")]
-async fn connect_consul<V: WithBackend>(
-    address: &str,
-    prefix: Option<&str>,
-    given: &TlsFiles,
-    code: V,
-) -> Result<V::Output> {
-    use crate::consul::{ConsulBackend, ConsulConfig};
-    let address = if address.is_empty() {
-        consul_address(env)
-    } else {
-        address.to_owned()
-    };
-    let mut config = ConsulConfig::new(&address);
-    if address.starts_with("https://") {
-        let paths = TlsPaths::resolve(given, &CONSUL_TLS_VARS, env);
-        let (ca, identity) = paths.read(&CONSUL_TLS_VARS)?;
-        if let Some(ca) = ca {
-            config = config.ca_pem(ca);
-        }
-        if let Some((cert, key)) = identity {
-            config = config.client_identity_pem(cert, key);
-        }
-    } else {
-        let shown = BackendUrl::Consul {
-            address: address.clone(),
-            prefix: None,
-        };
-        no_tls_files(given, "consul", &shown.to_string())?;
-    }
-    if let Some(token) = consul_token(env, |path| std::fs::read_to_string(path))? {
-        config = config.token(token);
-    }
-    let mut builder = ConsulBackend::builder(config);
-    if let Some(prefix) = prefix {
-        builder = builder.prefix(prefix);
-    }
-    Ok(code.call(builder.build()?).await)
-}
-
-#[cfg(not(feature = "consul"))]
-async fn connect_consul<V: WithBackend>(
-    _address: &str,
-    _prefix: Option<&str>,
-    _given: &TlsFiles,
-    _code: V,
-) -> Result<V::Output> {
-    Err(not_compiled("consul"))
-}
-
-/// `zk://host:port[,host:port…][/chroot]`, after the scheme: the servers and chroot.
-fn zk_url(shown: &str, rest: &str) -> Result<BackendUrl> {
-    if rest.contains(['?', '#']) {
-        return Err(bad(format!(
-            "{shown:?}: '?' and '#' are not allowed (no query string, e.g. ?auth=…); write \
-             zk://host:port[,host:port][/chroot], and note that {CREDENTIALS_HINT}"
-        )));
-    }
-    let Some(rest) = rest.strip_prefix("//").filter(|r| !r.is_empty()) else {
-        return Err(bad(format!(
-            "{shown:?}: write zk://host:port[,host:port][/chroot]"
-        )));
-    };
-    let (hosts, chroot) = hosts_and_prefix(shown, rest)?;
-    if chroot.as_deref().is_some_and(|c| c.contains("//")) {
-        return Err(bad(format!(
-            "{shown:?}: the chroot must be a node path such as /app"
-        )));
-    }
-    Ok(BackendUrl::Zookeeper {
-        servers: hosts
-            .iter()
-            .map(|h| h.trim_start_matches("http://").to_owned())
-            .collect(),
-        chroot: chroot.map(|c| format!("/{}", c.trim_end_matches('/'))),
-    })
-}
-
-#[cfg(feature = "zookeeper")]
-async fn connect_zookeeper<V: WithBackend>(
-    servers: &[String],
-    chroot: Option<&str>,
-    code: V,
-) -> Result<V::Output> {
-    let connect = format!("{}{}", servers.join(","), chroot.unwrap_or_default());
-    let builder = crate::zookeeper::ZookeeperBackend::builder(connect).auth_from_env()?;
-    Ok(code.call(builder.connect().await?).await)
-}
-
-#[cfg(not(feature = "zookeeper"))]
-async fn connect_zookeeper<V: WithBackend>(
-    _servers: &[String],
-    _chroot: Option<&str>,
-    _code: V,
-) -> Result<V::Output> {
-    Err(not_compiled("zookeeper"))
-}
-
-#[cfg(test)]
+// The forms of every store, so only with every store compiled in (`--all-features`).
+#[cfg(all(
+    test,
+    unix,
+    feature = "file",
+    feature = "etcd",
+    feature = "consul",
+    feature = "redis",
+    feature = "memcached",
+    feature = "zookeeper"
+))]
 mod tests {
     use super::*;
+    use crate::consul::url::{
+        TLS_VARS as CONSUL_TLS_VARS, address_from as consul_address, token as consul_token,
+    };
+    use crate::etcd::url::{
+        TLS_VARS as ETCD_TLS_VARS, credentials as etcd_credentials,
+        endpoints_from as etcd_endpoints,
+    };
+    use crate::redis::url::credentials as redis_credentials;
+    use crate::secret::TlsPaths;
 
     #[test]
     fn every_form_parses() {
@@ -1433,5 +887,51 @@ mod tests {
         let err = consul_token(vars(both), no_file).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
         assert!(err.to_string().contains("CONSUL_HTTP_TOKEN_FILE"), "{err}");
+    }
+
+    #[test]
+    fn each_store_builds_from_its_own_url_and_refuses_the_others() {
+        use crate::consul::ConsulBackend;
+        use crate::etcd::EtcdBackend;
+        use crate::file::FileBackend;
+        use crate::memcached::MemcachedBackend;
+        use crate::redis::RedisBackend;
+        use crate::zookeeper::ZookeeperBackend;
+
+        assert!(EtcdBackend::from_url("etcd://127.0.0.1:2379/jobs").is_ok());
+        assert!(ConsulBackend::from_url("consul://127.0.0.1:8500").is_ok());
+        assert!(RedisBackend::from_url("redis://127.0.0.1:6379/2").is_ok());
+        assert!(MemcachedBackend::from_url("memcached://127.0.0.1:11211").is_ok());
+        assert!(ZookeeperBackend::from_url("zk://127.0.0.1:2181/app").is_ok());
+        assert_eq!(
+            FileBackend::from_url("file:///var/lib/x")
+                .expect("a file URL")
+                .dir(),
+            std::path::Path::new("/var/lib/x")
+        );
+
+        let wrong = [
+            EtcdBackend::from_url("consul://127.0.0.1:8500").map(drop),
+            ConsulBackend::from_url("etcd://127.0.0.1:2379").map(drop),
+            RedisBackend::from_url("memcached://127.0.0.1:11211").map(drop),
+            MemcachedBackend::from_url("redis://127.0.0.1:6379").map(drop),
+            ZookeeperBackend::from_url("etcd://127.0.0.1:2379").map(drop),
+            FileBackend::from_url("memory:").map(drop),
+        ];
+        for refused in wrong {
+            let message = refused.expect_err("another store's URL").to_string();
+            assert!(message.contains("is not a URL of this store"), "{message}");
+        }
+        // Secrets in a store's own URL are refused and never echoed, as by `BackendUrl`.
+        let message = EtcdBackend::from_url("etcd://root:hunter2@127.0.0.1:2379")
+            .map(drop)
+            .expect_err("user info")
+            .to_string();
+        assert!(!message.contains("hunter2"), "{message}");
+        let message = RedisBackend::from_url("redis://127.0.0.1:6379?password=hunter2")
+            .map(drop)
+            .expect_err("a query string")
+            .to_string();
+        assert!(!message.contains("hunter2"), "{message}");
     }
 }

@@ -137,6 +137,7 @@ mod observer;
 mod session;
 mod shared;
 mod sightings;
+pub(crate) mod url;
 mod watch;
 
 use std::fmt;
@@ -264,7 +265,7 @@ impl ConsulBuilder {
                     "the key prefix {:?} has a '?' or '#', which would put what looks like a \
                      URL's query or fragment into every key; use letters, digits, '/', '.', '_' \
                      or '-' (an ACL token goes in ConsulConfig::token)",
-                    crate::url::redact(&self.prefix)
+                    crate::secret::redact(&self.prefix)
                 ),
             });
         }

@@ -8,7 +8,7 @@ use tokio::time::timeout;
 
 use super::tls::{self, TlsMaterial};
 use super::{EtcdBackend, NAME, error};
-use crate::url::redact;
+use crate::secret::{Secret, redact};
 use crate::{Error, Result};
 
 /// The key prefix under which elections live unless [`EtcdBuilder::prefix`] says otherwise.
@@ -26,16 +26,6 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// How long an HTTP/2 ping may go unanswered before the connection is dropped.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A password, kept out of `Debug` output and logs.
-#[derive(Clone)]
-struct Secret(String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
 
 /// Settings for an [`EtcdBackend`]; made by [`EtcdBackend::builder`], finished by
 /// [`connect`](EtcdBuilder::connect), which checks them all.
@@ -179,7 +169,7 @@ impl EtcdBuilder {
                 "the key prefix {:?} has a '?' or '#', which would put what looks like a URL's \
                  query or fragment into every key; use letters, digits, '/', '.', '_' or '-' \
                  (credentials go in .user())",
-                crate::url::redact(&self.prefix)
+                crate::secret::redact(&self.prefix)
             )));
         }
         for (name, limit) in [

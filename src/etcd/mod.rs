@@ -140,6 +140,7 @@ mod lease;
 mod observer;
 mod session;
 mod tls;
+pub(crate) mod url;
 mod watch;
 
 use std::collections::VecDeque;

@@ -81,6 +81,7 @@
 
 mod client;
 mod store;
+pub(crate) mod url;
 
 use std::time::Duration;
 
@@ -137,7 +138,7 @@ impl PolledBuilder<Settings> {
         if !valid_address {
             return Err(invalid(format!(
                 "{:?} is not host:port (write e.g. \"127.0.0.1:11211\")",
-                crate::url::redact(address)
+                crate::secret::redact(address)
             )));
         }
         self.check_poll(NAME)?;

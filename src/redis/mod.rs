@@ -155,6 +155,7 @@
 
 mod notify;
 mod store;
+pub(crate) mod url;
 
 use std::fmt;
 use std::time::Duration;
@@ -317,7 +318,7 @@ impl RedisConfig {
                 backend: NAME,
                 reason: format!(
                     "{:?} is not host:port (write e.g. \"127.0.0.1:6379\")",
-                    crate::url::redact(&format!("{}:{}", self.host, self.port))
+                    crate::secret::redact(&format!("{}:{}", self.host, self.port))
                 ),
             });
         }
@@ -421,7 +422,7 @@ impl PolledBuilder<Settings> {
                 reason: format!(
                     "the key prefix {:?} has one of ? # * [ ] \\; use letters, digits, '/', \
                      '.', '_', ':' or '-'",
-                    crate::url::redact(&self.prefix)
+                    crate::secret::redact(&self.prefix)
                 ),
             });
         }

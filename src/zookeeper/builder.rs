@@ -6,7 +6,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::{NAME, Settings, ZookeeperBackend, from_client};
-use crate::url::redact;
+use crate::secret::redact;
 use crate::{Error, Result};
 
 /// The prefix (under the chroot) of the nodes elections live in, unless

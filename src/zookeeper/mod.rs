@@ -145,6 +145,7 @@ mod contender;
 mod observer;
 mod session;
 mod shared;
+pub(crate) mod url;
 
 use std::fmt;
 use std::sync::Arc;
@@ -206,10 +207,10 @@ impl fmt::Debug for ZookeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let settings = &self.inner.settings;
         f.debug_struct("ZookeeperBackend")
-            .field("servers", &crate::url::redact(&settings.servers))
+            .field("servers", &crate::secret::redact(&settings.servers))
             .field(
                 "chroot",
-                &settings.chroot.as_deref().map(crate::url::redact),
+                &settings.chroot.as_deref().map(crate::secret::redact),
             )
             .field("prefix", &settings.prefix)
             .field("user", &settings.auth.as_ref().map(|auth| &auth.user))

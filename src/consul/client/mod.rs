@@ -197,7 +197,7 @@ impl Default for ConsulConfig {
 impl fmt::Debug for ConsulConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConsulConfig")
-            .field("address", &crate::url::redact(&self.address))
+            .field("address", &crate::secret::redact(&self.address))
             .field("token", &self.token.as_ref().map(|_| Redacted))
             .field("datacenter", &self.datacenter)
             .field("namespace", &self.namespace)
@@ -730,7 +730,7 @@ fn parse_address(address: &str) -> Result<Url, ConsulError> {
         format!("http://{address}")
     };
     // The address may hold credentials or a token: messages show it redacted.
-    let shown = crate::url::redact(address);
+    let shown = crate::secret::redact(address);
     let invalid =
         |why: String| ConsulError::InvalidConfig(format!("bad Consul address {shown:?}: {why}"));
     let mut url = Url::parse(&with_scheme).map_err(|e| invalid(e.to_string()))?;
