@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo build --release --all-features      # builds target/release/incumbent
-//! cargo run --release --example chaos --all-features -- --backend etcd --faults 50 --seed 7
+//! cargo run --release -p incumbent-tools --bin chaos -- --backend etcd --faults 50 --seed 7
 //! ```
 //!
 //! Options: `--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,
@@ -28,24 +28,12 @@
 //! library mode each candidate is this program, as `chaos candidate URL ID TTL_MS LEDGER_DIR
 //! FENCE_DIR`.
 
-#[path = "chaos/candidate.rs"]
-mod candidate;
-#[path = "chaos/check.rs"]
-mod check;
-#[path = "chaos/inproc.rs"]
-mod inproc;
-#[path = "chaos/run.rs"]
-mod run;
-#[path = "../tests/support/mod.rs"]
-mod support;
-#[path = "chaos/worker.rs"]
-mod worker;
-
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use run::{Backend, Config, Fault};
+use incumbent_tools::chaos::run::{self, Backend, Config, Fault};
+use incumbent_tools::chaos::{candidate, check, worker};
 
 const USAGE: &str = "usage: chaos \
 [--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,memcached,\
@@ -68,6 +56,10 @@ fn main() -> ExitCode {
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Some("check") if args.len() == 2 => recheck(Path::new(&args[1])),
+        Some("--help" | "-h") => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
         _ => match options(&args) {
             Ok(configs) => run_all(&configs, &args),
             Err(e) => {
@@ -78,13 +70,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The `incumbent` binary built next to this example: `target/<profile>/incumbent`.
+/// The `incumbent` binary built next to this program: `target/<profile>/incumbent`.
 fn incumbent_binary() -> Result<PathBuf, String> {
     let me = std::env::current_exe().map_err(|e| format!("where am I: {e}"))?;
     let profile = me
         .parent()
-        .and_then(Path::parent)
-        .ok_or("this program is not in target/<profile>/examples/")?;
+        .ok_or("this program is not in target/<profile>/")?;
     let binary = profile.join("incumbent");
     if binary.is_file() {
         Ok(binary)
@@ -186,7 +177,7 @@ fn run_all(configs: &[Config], args: &[String]) -> ExitCode {
         .build()
         .expect("start the async runtime");
     let command = format!(
-        "cargo run --release --example chaos --all-features -- {}",
+        "cargo run --release -p incumbent-tools --bin chaos -- {}",
         args.join(" ")
     );
     let mut table = String::from(check::TABLE_HEADER);

@@ -1,10 +1,8 @@
 //! Deterministic simulation of the campaign engine: a fixed set of seeds, each a run of
 //! three candidates against a simulated store with network faults, on tokio's paused clock.
-//! See SIMULATION.md; `cargo run --release --example sim` runs many more.
+//! See SIMULATION.md; `cargo run --release -p incumbent-tools --bin sim` runs many more.
 
-mod sim;
-
-use sim::{Bug, Options, Report, StoreKind, run_seed};
+use incumbent_tools::sim::{Bug, Options, Report, StoreKind, run_seed};
 
 /// Seeds run by `cargo test`, split across tests so the harness runs them in parallel.
 const SEEDS: u64 = 200;
@@ -48,7 +46,8 @@ fn check_seeds(seeds: impl Iterator<Item = u64>, options: Options) {
         .collect();
     for report in &failures {
         eprintln!(
-            "seed {} failed ({}); replay: cargo run --release --example sim -- --seed {} --store {}",
+            "seed {} failed ({}); replay: \
+             cargo run --release -p incumbent-tools --bin sim -- --seed {} --store {}",
             report.seed,
             report.settings,
             report.seed,

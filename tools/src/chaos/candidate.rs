@@ -1,6 +1,6 @@
 //! The library mode's candidate: one process that campaigns with [`Election::run_until`] on
 //! a [`BackendUrl`] and, while it leads, runs the worker's loop as a task (the same ledger
-//! lines and the same fence as [`crate::worker`]), until SIGTERM.
+//! lines and the same fence as [`super::worker`]), until SIGTERM.
 //!
 //! `candidate URL ID TTL_MS LEDGER_DIR FENCE_DIR`. Its ledger files are
 //! `w-<pid>-<token>.log`, one per term; the worker's pid and its supervisor's are both this
@@ -18,7 +18,7 @@ use incumbent::backend::Backend;
 use incumbent::url::{BackendUrl, WithBackend};
 use incumbent::{Election, Term};
 
-use crate::worker::{Fence, HEARTBEAT, mono_ns};
+use super::worker::{Fence, HEARTBEAT, mono_ns};
 
 /// Runs the candidate until SIGTERM; returns the exit code.
 pub fn candidate(url: &str, id: &str, ttl_ms: &str, ledger: &Path, fence: &Path) -> i32 {
@@ -77,7 +77,7 @@ impl WithBackend for Library {
     type Output = Result<(), incumbent::Error>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let mut builder = Election::builder(backend, crate::run::ELECTION)
+        let mut builder = Election::builder(backend, super::run::ELECTION)
             .candidate(&self.id)
             .ttl(self.ttl)
             .grace(Duration::from_secs(1));

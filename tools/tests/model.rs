@@ -7,8 +7,8 @@
 //! time, and the checker covers runs of any length. MODEL.md says what each action stands for
 //! in the code, what is left out, and what the checker found.
 //!
-//! Run it with `cargo test --test model -- --nocapture` to see the figures and the
-//! counterexample of every planted bug.
+//! Run it with `cargo test -p incumbent-tools --test model -- --nocapture` to see the figures
+//! and the counterexample of every planted bug.
 
 use std::fmt::Write as _;
 use std::time::Instant;

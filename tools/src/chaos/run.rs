@@ -1,7 +1,7 @@
 //! The fault loop: starts a store, N `incumbent run` candidates (each through its own TCP
 //! proxy) whose command is the worker, injects seeded faults one at a time, waits after each
 //! for exactly one running leader within the promised bound, and records everything it did
-//! next to the workers' ledgers. The checker ([`crate::check`]) judges the history afterwards.
+//! next to the workers' ledgers. The checker ([`super::check`]) judges the history afterwards.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tokio::time::sleep;
 
-use crate::check::{self, Death, FaultRecord, History, Verdict};
+use super::check::{self, Death, FaultRecord, History, Verdict};
+use super::worker::mono_ns;
 use crate::support::bin::find_binary;
 use crate::support::net::{free_addr, free_port};
 use crate::support::redis::TextProbe;
@@ -24,7 +25,6 @@ use crate::support::zookeeper::{TICK_MS, ZookeeperEnsemble};
 use crate::support::{
     EtcdCluster, EtcdServer, MemcachedServer, Probe, Proxy, ServerProcess, ZookeeperServer,
 };
-use crate::worker::mono_ns;
 
 /// The election every candidate runs for.
 pub const ELECTION: &str = "chaos/worker";
@@ -71,7 +71,7 @@ const DETAILS_FILE: &str = "fault-details.jsonl";
 /// Where the elections live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Backend {
-    /// Campaigns in this process on one shared memory backend ([`crate::inproc`]).
+    /// Campaigns in this process on one shared memory backend ([`super::inproc`]).
     Memory,
     File,
     Etcd,
@@ -361,7 +361,7 @@ pub struct Config {
     pub this: PathBuf,
     /// Keep the history here instead of in a temp dir that is removed.
     pub keep: Option<PathBuf>,
-    /// A bug to plant in the workers ([`crate::worker::PLANT`]), to see the checker fail.
+    /// A bug to plant in the workers ([`super::worker::PLANT`]), to see the checker fail.
     pub plant: Option<String>,
 }
 
@@ -423,7 +423,7 @@ pub(crate) fn outcome(
 /// Runs the fault loop for one backend and checks its history.
 pub async fn run(config: &Config) -> Outcome {
     if config.backend == Backend::Memory {
-        return crate::inproc::run(config).await;
+        return super::inproc::run(config).await;
     }
     let started = Instant::now();
     let (_temp, dir) = history_dir(config);
@@ -935,12 +935,12 @@ impl World {
             .arg(&self.fence)
             .env_remove("RUST_LOG")
             .env_remove("INCUMBENT_BACKEND")
-            .env_remove(crate::worker::PLANT)
+            .env_remove(super::worker::PLANT)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(writer.try_clone().expect("dup the stderr pipe"));
         if let Some(plant) = &self.config.plant {
-            command.env(crate::worker::PLANT, plant);
+            command.env(super::worker::PLANT, plant);
         }
         // SAFETY: the hook only calls prctl(2), which is async-signal-safe.
         unsafe {

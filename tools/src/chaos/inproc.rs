@@ -24,12 +24,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::check::{self, Death, FaultRecord};
-use crate::run::{
+use super::check::{self, Death, FaultRecord};
+use super::run::{
     Config, ELECTION, FRESH_BEAT, Fault, Faulty, HANDOFF_BOUND, Outcome, Seen, fault_loop,
     history_dir, outcome, scan_ledgers,
 };
-use crate::worker::{ESCAPE_LIFETIME, Fence, mono_ns};
+use super::worker::{ESCAPE_LIFETIME, Fence, mono_ns};
 
 /// How long the first leader may take.
 const FIRST_LEADER: Duration = Duration::from_secs(10);
@@ -156,12 +156,12 @@ impl World {
                             let copy = NEXT_WORKER.fetch_add(1, Ordering::SeqCst);
                             let always = Some(Arc::new(AtomicBool::new(true)));
                             let beat =
-                                crate::candidate::lead_as(term, &ledger, &fence, copy, id, always);
+                                super::candidate::lead_as(term, &ledger, &fence, copy, id, always);
                             let _ = tokio::time::timeout(ESCAPE_LIFETIME, beat).await;
                         });
                     }
                     let worker = NEXT_WORKER.fetch_add(1, Ordering::SeqCst);
-                    crate::candidate::lead_as(term, &ledger, &fence, worker, id, Some(ignoring))
+                    super::candidate::lead_as(term, &ledger, &fence, worker, id, Some(ignoring))
                         .await;
                 }
             };
@@ -201,7 +201,7 @@ impl World {
     }
 
     fn scan(&mut self) {
-        scan_ledgers(&self.ledger, &mut self.seen, |s| crate::run::ended(&s.path));
+        scan_ledgers(&self.ledger, &mut self.seen, |s| super::run::ended(&s.path));
     }
 
     /// The one running leader: exactly one worker whose ledger has no `stop` and whose last
@@ -209,7 +209,7 @@ impl World {
     fn running_leader(&mut self) -> Option<Seen> {
         self.scan();
         let fresh = |s: &Seen| {
-            crate::run::last_beat_ns(&s.path)
+            super::run::last_beat_ns(&s.path)
                 .is_some_and(|at| mono_ns().saturating_sub(at) < FRESH_BEAT.as_nanos() as u64)
         };
         let running: Vec<&Seen> = self.seen.iter().filter(|s| !s.gone && fresh(s)).collect();
@@ -343,7 +343,7 @@ impl World {
             .iter()
             .filter(|s| !s.gone)
             .filter(|s| {
-                crate::run::last_beat_ns(&s.path).is_some_and(|at| {
+                super::run::last_beat_ns(&s.path).is_some_and(|at| {
                     mono_ns().saturating_sub(at) < check::ORPHAN_GRACE_MS * 1_000_000
                 })
             })

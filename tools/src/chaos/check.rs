@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::worker::FENCE_LOG;
+use super::worker::FENCE_LOG;
 
 /// A worker that was still running this long after its supervisor died is an orphan.
 pub const ORPHAN_GRACE_MS: u64 = 250;
@@ -59,7 +59,7 @@ pub struct FaultRecord {
 impl FaultRecord {
     /// A fault on the leader (`worker` under `supervisor`, with `token`), its times and
     /// flags not yet set.
-    pub fn new(fault: crate::run::Fault, supervisor: i32, worker: i32, token: u64) -> FaultRecord {
+    pub fn new(fault: super::run::Fault, supervisor: i32, worker: i32, token: u64) -> FaultRecord {
         FaultRecord {
             kind: fault.name().to_owned(),
             supervisor,

@@ -1,24 +1,24 @@
 //! Runs the deterministic simulation of the campaign engine over many seeds (SIMULATION.md).
 //!
 //! ```text
-//! cargo run --release --example sim -- --seeds 100000 --time-budget 60s --jobs 2
-//! cargo run --release --example sim -- --seed 42          # replay one seed, with its history
-//! cargo run --release --example sim -- --bug short-lease  # plant a bug: some seed must fail
-//! cargo run --release --example sim -- --store new --seeds 30000   # the other stores, in turn
+//! cargo run --release -p incumbent-tools --bin sim -- --seeds 100000 --time-budget 60s --jobs 2
+//! # replay one seed, with its history
+//! cargo run --release -p incumbent-tools --bin sim -- --seed 42
+//! # plant a bug: some seed must fail
+//! cargo run --release -p incumbent-tools --bin sim -- --bug short-lease
+//! # the other stores, in turn
+//! cargo run --release -p incumbent-tools --bin sim -- --store new --seeds 30000
 //! ```
 //!
 //! Each job is a thread with its own current-thread runtime; seeds are handed out in order.
 //! Every failing seed is printed with the command that replays it. Exits with 1 if any seed
 //! failed.
 
-#[path = "../tests/sim/mod.rs"]
-mod sim;
-
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sim::{Bug, Options, Report, StoreKind, run_seed};
+use incumbent_tools::sim::{Bug, Options, Report, StoreKind, run_seed};
 
 const USAGE: &str = "usage: sim [--seeds N] [--start S] [--time-budget 60s] [--jobs J] [--store STORE] [--bug NAME] [--stop-at-first] | --seed S [--store STORE] [--bug NAME] [--quiet]
   stores: consul (the default), forgetful, non-atomic, queue; new (forgetful, non-atomic, queue
@@ -138,7 +138,7 @@ fn replay_command(seed: u64, options: Options) -> String {
         .store
         .map(|s| format!(" --store {}", s.name()))
         .unwrap_or_default();
-    format!("cargo run --release --example sim -- --seed {seed}{store}{bug}")
+    format!("cargo run --release -p incumbent-tools --bin sim -- --seed {seed}{store}{bug}")
 }
 
 fn print_failure(report: &Report, options: Options) {

@@ -7,9 +7,6 @@
 //! and the same seed replays the same schedule exactly. The checker ([`world`]) watches
 //! every grant, every event and every term, and a periodic step in between.
 
-// The test and the `sim` example each use part of this module.
-#![allow(dead_code)]
-
 pub mod kv;
 pub mod queue;
 pub mod store;

@@ -1,32 +1,21 @@
-//! A short, seeded run of the safety checker (`examples/chaos.rs`, RELIABILITY.md) on the
+//! A short, seeded run of the safety checker (`src/bin/chaos.rs`, RELIABILITY.md) on the
 //! file backend, etcd (one member and a three-member cluster), Consul, ZooKeeper (one server
 //! and a three-member ensemble with a member cut off), Redis (with and without persistence,
 //! and a primary failing over to its replica) and memcached with `incumbent run` candidates, on file and etcd with library candidates, and
 //! on the memory backend in process: a few faults each; any violation fails the test.
 //!
-//! It shares the checker's code with the example; this binary is also the worker that the
-//! candidates run (`chaos_smoke worker LEDGER_DIR FENCE_DIR`), and the library-mode candidate
-//! (`chaos_smoke candidate …`), hence `harness = false`.
+//! It shares the checker's code with the `chaos` program; this binary is also the worker that
+//! the candidates run (`chaos_smoke worker LEDGER_DIR FENCE_DIR`), and the library-mode
+//! candidate (`chaos_smoke candidate …`), hence `harness = false`.
 //! Needs etcd, consul, ZooKeeper (Java), redis-server and memcached
 //! (`scripts/install-test-deps`); a missing one fails.
 
-#[path = "../examples/chaos/candidate.rs"]
-mod candidate;
-#[path = "../examples/chaos/check.rs"]
-mod check;
-#[path = "../examples/chaos/inproc.rs"]
-mod inproc;
-#[path = "../examples/chaos/run.rs"]
-mod run;
-mod support;
-#[path = "../examples/chaos/worker.rs"]
-mod worker;
-
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::time::Duration;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, SystemTime};
 
-use run::{Backend, Config, Fault};
+use incumbent_tools::chaos::run::{self, Backend, Config, Fault};
+use incumbent_tools::chaos::{candidate, check, worker};
 
 /// The seed of every smoke run.
 const SEED: u64 = 11;
@@ -143,6 +132,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let me = std::env::current_exe().expect("current_exe");
+    let incumbent = incumbent_cli(&me);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -169,7 +159,7 @@ fn main() -> ExitCode {
             kinds,
             in_turn: true,
             library,
-            incumbent: PathBuf::from(env!("CARGO_BIN_EXE_incumbent")),
+            incumbent: incumbent.clone(),
             this: me.clone(),
             // To look at a failed smoke's histories: CHAOS_SMOKE_KEEP=DIR.
             keep: std::env::var_os("CHAOS_SMOKE_KEEP").map(PathBuf::from),
@@ -194,4 +184,59 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The `incumbent` CLI that the candidates run: `target/<profile>/incumbent`, where cargo puts
+/// it, next to this test's `deps/`. Cargo gives the path of a binary only to the tests of its
+/// own package, so this test builds it (as the `chaos` program asks its user to) when it is
+/// missing or older than incumbent's sources or manifest: after `scripts/test`, which builds
+/// the whole workspace first, it is neither.
+fn incumbent_cli(me: &Path) -> PathBuf {
+    let profile = me
+        .parent()
+        .and_then(Path::parent)
+        .expect("this test is in target/<profile>/deps/");
+    let cli = profile.join("incumbent");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root");
+    let built = std::fs::metadata(&cli).and_then(|m| m.modified()).ok();
+    let sources = newest(&root.join("src")).max(newest(&root.join("Cargo.toml")));
+    if built.is_none_or(|built| built < sources) {
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args([
+                "build",
+                "-p",
+                "incumbent",
+                "--bin",
+                "incumbent",
+                "--all-features",
+            ])
+            .arg("--target-dir")
+            .arg(profile.parent().expect("target/"))
+            .current_dir(root);
+        if profile.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "cargo build --all-features failed");
+    }
+    assert!(
+        cli.is_file(),
+        "{} is missing: build it with `cargo build --all-features`",
+        cli.display()
+    );
+    cli
+}
+
+/// The latest modification time of `path` or of any file under it.
+fn newest(path: &Path) -> SystemTime {
+    let own = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let entries = std::fs::read_dir(path).into_iter().flatten().flatten();
+    entries
+        .map(|e| newest(&e.path()))
+        .fold(own, SystemTime::max)
 }

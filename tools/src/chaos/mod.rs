@@ -1,0 +1,10 @@
+//! The chaos checker (the program is `src/bin/chaos.rs`; RELIABILITY.md): [`run`] starts the
+//! store and the candidates and injects the faults, [`worker`] is each leader's command and
+//! its fence, [`candidate`] a candidate running a library campaign, [`inproc`] campaigns in
+//! this process on the memory backend, and [`check`] judges the recorded history.
+
+pub mod candidate;
+pub mod check;
+pub mod inproc;
+pub mod run;
+pub mod worker;
