@@ -6,8 +6,6 @@
 //! Needs the `etcd` and ZooKeeper binaries (`scripts/install-test-deps`). Every wait is bounded, every process
 //! a test starts is killed when it ends, and etcd listens on loopback only.
 
-mod support;
-
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -16,8 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use crate::support::{EtcdServer, ZookeeperServer};
 use serde_json::Value;
-use support::{EtcdServer, ZookeeperServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
 const ELECTION: &str = "jobs/observed";

@@ -2,15 +2,13 @@
 //! restart that loses the lock and the counter, whole-second ttls, operators deleting keys).
 //! The behaviour every backend shares is in the conformance suite.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::MemcachedServer;
+use crate::support::events::{demoted, elected, problem};
 use incumbent::backend::{Backend, SessionOptions, Wakeup};
 use incumbent::memcached::MemcachedBackend;
 use incumbent::{DemotionReason, Election, Error};
-use support::MemcachedServer;
-use support::events::{demoted, elected, problem};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::time::Instant;
 
@@ -253,7 +251,7 @@ async fn an_add_delayed_past_a_whole_term_still_leads_with_the_highest_token() {
         seed.to_string().len()
     );
     assert_eq!(operator(&server, &set).await, "STORED");
-    let proxy = support::proxy::Proxy::start(server.addr());
+    let proxy = crate::support::proxy::Proxy::start(server.addr());
     let slow = MemcachedBackend::builder(proxy.addr().to_string())
         .poll_interval(POLL)
         .timeout(Duration::from_secs(5))
