@@ -59,7 +59,7 @@
 //! without a leader, two leaders reported at once, frequent demotions, renewals failing). Load
 //! the dashboard with Grafana's *Dashboards → New → Import* (it asks for the Prometheus data
 //! source); add the rules file to `rule_files:` in `prometheus.yml` and reload Prometheus. A
-//! test (`tests/dashboards.rs`) keeps both in step with the names here, and checks the rules
+//! test (`tests/it/dashboards.rs`) keeps both in step with the names here, and checks the rules
 //! with `promtool`.
 
 use std::time::Duration;

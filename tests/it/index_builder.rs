@@ -5,9 +5,6 @@
 //! On the embedded file backend always; on a real `consul agent -dev` with `--features
 //! consul` (a missing `consul` binary fails that test: `scripts/install-test-deps`).
 
-#[cfg(feature = "consul")]
-mod support;
-
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -151,7 +148,7 @@ async fn on_the_file_backend_the_next_leader_resumes_and_a_stale_write_is_refuse
 #[cfg(feature = "consul")]
 #[tokio::test]
 async fn on_consul_the_next_leader_resumes_and_a_stale_write_is_refused() {
-    let consul = support::ConsulDev::start().await;
+    let consul = crate::support::ConsulDev::start().await;
     let url = format!("consul://{}", consul.http_addr());
     let (timeline, summary) = run_demo(&["--backend", &url]).await;
     assert!(timeline.contains("the Consul key"), "{timeline}");

@@ -3,14 +3,12 @@
 //! takes over with a greater token. Needs ZooKeeper and Java (`scripts/install-test-deps`); a
 //! missing one fails the test. Every wait is bounded and every process killed at the end.
 
-mod support;
-
 use std::fs;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::zookeeper::ZookeeperServer;
+use crate::support::zookeeper::ZookeeperServer;
 use tokio::time::{Instant, sleep};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");

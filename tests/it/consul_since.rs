@@ -3,17 +3,13 @@
 //! previous leader's release), nor later than the term's start the new leader reports, and
 //! never a correction of it during the term.
 
-#![cfg(feature = "consul")]
-
-mod support;
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::support::ConsulDev;
+use crate::support::events::elected;
 use incumbent::backend::{Backend, Leader, Observer};
 use incumbent::consul::{ConsulBackend, ConsulConfig};
 use incumbent::{Campaign, Election, Role};
-use support::ConsulDev;
-use support::events::elected;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
 

@@ -6,8 +6,6 @@
 //! Needs the `etcd` and ZooKeeper binaries (`scripts/install-test-deps`). Every wait is bounded, every process
 //! a test starts is killed when it ends, and etcd listens on loopback only.
 
-mod support;
-
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -16,8 +14,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use crate::support::EtcdServer;
 use serde_json::Value;
-use support::{EtcdServer, ZookeeperServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
 const ELECTION: &str = "jobs/observed";
@@ -250,13 +248,14 @@ fn observe_prints_when_the_new_leaders_term_began_on_etcd() {
 }
 
 #[test]
+#[cfg(feature = "zookeeper")]
 fn observe_prints_when_the_new_leaders_term_began_on_zookeeper() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");
-    let zookeeper = runtime.block_on(ZookeeperServer::single());
+    let zookeeper = runtime.block_on(crate::support::ZookeeperServer::single());
     since_after_a_hand_off_is_when_the_term_began(&format!("zk://{}", zookeeper.client_addr()));
     drop(zookeeper);
 }

@@ -1,13 +1,11 @@
 //! Self-test of the test harness in `tests/support` against real servers.
 
-mod support;
-
 use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::etcd::is_healthy;
-use support::{ConsulDev, EtcdCluster, EtcdServer, Proxy, http};
+use crate::support::etcd::is_healthy;
+use crate::support::{ConsulDev, EtcdCluster, EtcdServer, Proxy, http};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

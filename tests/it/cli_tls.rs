@@ -6,8 +6,6 @@
 //! at once with exit code 2 and a message that says which setting to check. Certificates are
 //! made in each test with `openssl`. Every wait is bounded; every process is killed at the end.
 
-mod support;
-
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -167,8 +165,8 @@ fn leads(args: &[&str], env: &[(&str, String)], dir: &Path) -> Guard {
 async fn etcd_over_tls_from_flags_or_etcdctls_variables_and_a_wrong_ca_is_exit_code_2() {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    support::tls::make_certificates(d);
-    let (_etcd, endpoint) = support::tls::etcd_with_tls(d).await;
+    crate::support::tls::make_certificates(d);
+    let (_etcd, endpoint) = crate::support::tls::etcd_with_tls(d).await;
     let url = endpoint.replace("https://", "etcd+https://");
     let (ca, other_ca) = (path(d, "ca.pem"), path(d, "other-ca.pem"));
     let (cert, key) = (path(d, "client.pem"), path(d, "client.key"));
@@ -273,8 +271,8 @@ async fn etcd_over_tls_from_flags_or_etcdctls_variables_and_a_wrong_ca_is_exit_c
 async fn consul_over_https_from_flags_or_consuls_variables_and_a_wrong_ca_is_exit_code_2() {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    support::tls::make_certificates(d);
-    let (_consul, https) = support::tls::consul_with_tls(d).await;
+    crate::support::tls::make_certificates(d);
+    let (_consul, https) = crate::support::tls::consul_with_tls(d).await;
     let url = format!("consul+https://{https}");
     let (ca, other_ca) = (path(d, "ca.pem"), path(d, "other-ca.pem"));
     let (cert, key) = (path(d, "client.pem"), path(d, "client.key"));

@@ -4,9 +4,6 @@
 //! at the bottom instantiate the bodies that apply to each backend. A new backend adds a
 //! fixture in `stores` and one line here.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod bodies;
 mod stores;
 
@@ -17,7 +14,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $test() {
-                    crate::bodies::$test::<$store>().await;
+                    crate::conformance::bodies::$test::<$store>().await;
                 }
             )*
         }
@@ -26,7 +23,7 @@ macro_rules! conformance {
 
 conformance!(
     memory,
-    crate::stores::Memory,
+    crate::conformance::stores::Memory,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -43,7 +40,7 @@ conformance!(
 
 conformance!(
     file,
-    crate::stores::File,
+    crate::conformance::stores::File,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -58,7 +55,7 @@ conformance!(
 #[cfg(feature = "etcd")]
 conformance!(
     etcd,
-    crate::stores::Etcd,
+    crate::conformance::stores::Etcd,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -76,12 +73,12 @@ conformance!(
 );
 
 // No `re_election_after_the_store_restarts` for Consul: a restarted dev agent comes back
-// empty, its indexes (and so fencing tokens) start over. tests/consul.rs checks re-election
+// empty, its indexes (and so fencing tokens) start over. tests/it/consul.rs checks re-election
 // after an agent restart; a real Consul server keeps its Raft log and its indexes.
 #[cfg(feature = "consul")]
 conformance!(
     consul,
-    crate::stores::Consul,
+    crate::conformance::stores::Consul,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -100,7 +97,7 @@ conformance!(
 #[cfg(feature = "zookeeper")]
 conformance!(
     zookeeper,
-    crate::stores::Zookeeper,
+    crate::conformance::stores::Zookeeper,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -126,7 +123,7 @@ conformance!(
 #[cfg(feature = "redis")]
 conformance!(
     redis,
-    crate::stores::RedisNotified,
+    crate::conformance::stores::RedisNotified,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -147,7 +144,7 @@ conformance!(
 #[cfg(feature = "redis")]
 conformance!(
     redis_polled,
-    crate::stores::RedisPolled,
+    crate::conformance::stores::RedisPolled,
     [
         one_leader_among_many,
         hand_off_on_resign,
@@ -163,7 +160,7 @@ conformance!(
 #[cfg(feature = "memcached")]
 conformance!(
     memcached,
-    crate::stores::Memcached,
+    crate::conformance::stores::Memcached,
     [
         one_leader_among_many,
         hand_off_on_resign,

@@ -10,7 +10,7 @@ use incumbent::{CampaignHandle, DemotionReason, Election, LeadershipEvent, Term}
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::stores::Store;
+use super::stores::Store;
 use crate::support::beats::{Beats, first_beat_of_another, first_token, last_beat, stubborn};
 use crate::support::events::{demoted, elected};
 

@@ -2,16 +2,14 @@
 //! loses the lock, keyspace notifications or polling, operators deleting keys, one renewal
 //! for every held key). The behaviour every backend shares is in the conformance suite.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::RedisServer;
+use crate::support::events::{demoted, elected, problem};
 use incumbent::backend::{Backend, Wakeup};
 use incumbent::redis::{Notifications, RedisBackend, RedisConfig};
 use incumbent::{DemotionReason, Election};
-use support::RedisServer;
-use support::events::{demoted, elected, problem};
 use tokio::time::Instant;
 
 /// The ttl of most tests.
@@ -352,7 +350,7 @@ async fn a_proclaim_whose_answer_was_lost_does_not_end_the_term() {
     // reaches the server once the link flows again, and runs. The next renewal finds the new value, which is the
     // leader's own, not a sign that someone took the lock.
     let server = RedisServer::start().await;
-    let proxy = support::proxy::Proxy::start(server.addr());
+    let proxy = crate::support::proxy::Proxy::start(server.addr());
     let backend = connect_with_timeout(proxy.addr(), Duration::from_millis(300)).await;
     let ttl = Duration::from_secs(6);
     let mut a = Election::builder(backend.clone(), "lost-proclaim")

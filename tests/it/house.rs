@@ -28,7 +28,10 @@ fn modules() -> BTreeMap<String, String> {
         .into_iter()
         .filter(|path| path.file_name().is_some_and(|n| n != "incumbent.rs"))
         .map(|path| {
-            let relative = path.strip_prefix(&src).expect("under src/").with_extension("");
+            let relative = path
+                .strip_prefix(&src)
+                .expect("under src/")
+                .with_extension("");
             let name = relative
                 .to_string_lossy()
                 .trim_end_matches("/mod")
@@ -172,7 +175,11 @@ fn the_house_has_no_circle() {
         }
     }
     // The checker itself must see the arrows it is about: a store imports the leaf.
-    assert!(edges["etcd::url"].contains("secret"), "{:?}", edges["etcd::url"]);
+    assert!(
+        edges["etcd::url"].contains("secret"),
+        "{:?}",
+        edges["etcd::url"]
+    );
     assert!(edges["url"].contains("etcd::url"), "{:?}", edges["url"]);
     let found = circles(&edges);
     assert!(

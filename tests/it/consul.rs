@@ -2,20 +2,16 @@
 //!
 //! Needs the `consul` binary (`scripts/install-test-deps`); a missing binary fails the tests.
 
-#![cfg(feature = "consul")]
-
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support::events::{demoted, elected};
+use crate::support::net::free_addr;
+use crate::support::{ConsulDev, ServerProcess};
 use incumbent::consul::client::{ConsulClient, PutOptions, QueryOptions, SessionCreate};
 use incumbent::consul::{ConsulBackend, ConsulConfig};
 use incumbent::{Campaign, DemotionReason, Election, Error, Role};
-use support::events::{demoted, elected};
-use support::net::free_addr;
-use support::{ConsulDev, ServerProcess};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Consul's smallest session ttl.
@@ -55,7 +51,8 @@ fn admin(url: &str) -> ConsulClient {
 async fn a_connection_refused_by_the_agents_limit_names_the_limit() {
     let dir = tempfile::tempdir().expect("temp dir");
     let limits = "-hcl=limits { http_max_conns_per_client = 2 }".to_owned();
-    let (_agent, http) = support::consul::spawn_dev("consul-limit", dir.path(), &[limits]).await;
+    let (_agent, http) =
+        crate::support::consul::spawn_dev("consul-limit", dir.path(), &[limits]).await;
     // spawn_dev's own readiness checks have closed their connections; take the two slots.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut held = Vec::new();
@@ -100,7 +97,7 @@ async fn entry(client: &ConsulClient, key: &str) -> Option<incumbent::consul::cl
 
 /// `(id, name)` of every session the agent knows.
 async fn sessions(addr: SocketAddr) -> Vec<(String, String)> {
-    let response = support::http::get(addr, "/v1/session/list")
+    let response = crate::support::http::get(addr, "/v1/session/list")
         .await
         .expect("session list");
     let list: Vec<serde_json::Value> = serde_json::from_str(&response.body).expect("JSON");
@@ -141,7 +138,7 @@ impl LoggedAgent {
             .tempdir()
             .expect("temp dir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let (process, http) = support::consul::spawn_dev(name, dir.path(), &extra).await;
+        let (process, http) = crate::support::consul::spawn_dev(name, dir.path(), &extra).await;
         LoggedAgent {
             _process: process,
             http,
@@ -688,8 +685,8 @@ async fn a_campaign_over_https_is_elected_and_a_wrong_ca_is_reported_as_configur
     use incumbent::backend::Backend as _;
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path();
-    support::tls::make_certificates(d);
-    let (_consul, https) = support::tls::consul_with_tls(d).await;
+    crate::support::tls::make_certificates(d);
+    let (_consul, https) = crate::support::tls::consul_with_tls(d).await;
     let read = |name: &str| std::fs::read(d.join(name)).expect("read PEM");
     let config = |ca: &str| {
         ConsulConfig::new(format!("https://{https}"))

@@ -3,14 +3,12 @@
 //! the rules pass Prometheus's own checker and their unit tests (`promtool`, from
 //! `scripts/install-test-deps`).
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::support::bin::find_binary;
 use incumbent::metrics;
-use support::bin::find_binary;
 
 const DASHBOARD: &str = "examples/grafana/incumbent.json";
 const RULES: &str = "examples/prometheus/incumbent-alerts.yml";

@@ -4,18 +4,16 @@
 //! of an ensemble lost or cut off, credentials kept out of output). The behaviour every
 //! backend shares is in the conformance suite.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::events::{demoted, elected};
+use crate::support::zookeeper::ZookeeperEnsemble;
+use crate::support::{Proxy, ZookeeperServer};
 use incumbent::backend::{
     Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
 };
 use incumbent::zookeeper::ZookeeperBackend;
 use incumbent::{DemotionReason, Election, Error};
-use support::events::{demoted, elected};
-use support::zookeeper::ZookeeperEnsemble;
-use support::{Proxy, ZookeeperServer};
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;
 

@@ -1498,7 +1498,7 @@ fn lock_delay_on_a_store_without_one_or_above_its_maximum_is_exit_code_2() {
 #[test]
 fn help_lists_every_environment_variable_read_and_discourages_credentials_in_flags() {
     // Every variable the backend URLs read (src/url.rs), and the others this program reads.
-    let source = include_str!("../src/url.rs");
+    let source = include_str!("../../src/url.rs");
     let mut variables: Vec<String> = source
         .split('"')
         .skip(1)

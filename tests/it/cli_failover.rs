@@ -8,15 +8,13 @@
 //! (`scripts/install-test-deps`); a missing one fails the tests. Every wait is bounded, every
 //! process is killed when its test ends, and servers listen on loopback only.
 
-mod support;
-
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::{ConsulDev, EtcdServer, Proxy};
+use crate::support::{ConsulDev, EtcdServer, Proxy};
 use tokio::time::{Instant, sleep};
 
 const BIN: &str = env!("CARGO_BIN_EXE_incumbent");

@@ -3,18 +3,16 @@
 //! leases, paused and restarted servers, credentials). The behaviour every backend shares is
 //! in the conformance suite.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::events::{demoted, elected};
+use crate::support::{EtcdCluster, EtcdServer, Proxy};
 use etcd_client::{Client, GetOptions, KeyValue};
 use incumbent::backend::{
     Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
 };
 use incumbent::etcd::EtcdBackend;
 use incumbent::{Campaign, DemotionReason, Election, Error, Leader, LeadershipEvent, Role};
-use support::events::{demoted, elected};
-use support::{EtcdCluster, EtcdServer, Proxy};
 use tokio::time::{Instant, sleep, timeout};
 
 /// The ttl of most tests: etcd's minimum, so that expiries come fast.
@@ -469,7 +467,7 @@ struct Watches {
 }
 
 async fn watches(etcd: &EtcdServer) -> Watches {
-    let body = support::http::get(etcd.client_addr(), "/metrics")
+    let body = crate::support::http::get(etcd.client_addr(), "/metrics")
         .await
         .expect("etcd's /metrics")
         .body;
@@ -957,7 +955,7 @@ async fn tls_with_a_client_certificate() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    support::tls::make_certificates(dir.path());
+    crate::support::tls::make_certificates(dir.path());
     let read = |name: &str| std::fs::read(dir.path().join(name)).expect("read PEM");
     let with_tls = |endpoint: &str| {
         EtcdBackend::builder([endpoint.to_owned()])
@@ -966,7 +964,7 @@ async fn tls_with_a_client_certificate() {
             .connect_timeout(Duration::from_secs(2))
     };
 
-    let (_etcd, endpoint) = support::tls::etcd_with_tls(dir.path()).await;
+    let (_etcd, endpoint) = crate::support::tls::etcd_with_tls(dir.path()).await;
     let backend = with_tls(&endpoint)
         .connect()
         .await
@@ -1204,7 +1202,7 @@ async fn a_follower_whose_lease_is_revoked_is_back_in_the_queue_at_once() {
 async fn connect_to_an_etcd_that_is_down_fails_at_once_and_says_it_did_not_retry() {
     // Nothing listens there: connect tries once. Its message must not claim a retry that
     // does not happen (a pod would crash-loop believing the library retries).
-    let nobody = support::net::free_addr();
+    let nobody = crate::support::net::free_addr();
     let started = Instant::now();
     let error = EtcdBackend::builder([format!("http://{nobody}")])
         .connect_timeout(Duration::from_millis(500))

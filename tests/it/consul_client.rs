@@ -3,19 +3,15 @@
 //! Needs the `consul` binary (`scripts/install-test-deps`); a missing binary
 //! fails the tests.
 
-#![cfg(feature = "consul")]
-
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::net::{free_addr, free_port};
+use crate::support::{ConsulDev, ServerProcess};
 use incumbent::consul::client::{
     ConsulClient, ConsulConfig, ConsulError, PutOptions, QueryOptions, SessionCreate,
 };
-use support::net::{free_addr, free_port};
-use support::{ConsulDev, ServerProcess};
 
 fn client(consul: &ConsulDev) -> ConsulClient {
     ConsulClient::new(ConsulConfig::new(consul.http_url())).expect("build client")
@@ -630,13 +626,14 @@ async fn start_acl_agent() -> (ServerProcess, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     let hcl = r#"acl { enabled = true default_policy = "deny" tokens { master = "root-secret" } }"#;
     let (process, http) =
-        support::consul::spawn_dev("consul-acl", dir.path(), &["-hcl".into(), hcl.into()]).await;
+        crate::support::consul::spawn_dev("consul-acl", dir.path(), &["-hcl".into(), hcl.into()])
+            .await;
     (process, format!("http://{http}"), dir)
 }
 
 /// Runs `consul tls ...` in `dir`, which writes its files there.
 fn consul_tls(dir: &Path, args: &[&str]) {
-    let output = Command::new(support::bin::find_binary("consul"))
+    let output = Command::new(crate::support::bin::find_binary("consul"))
         .arg("tls")
         .args(args)
         .current_dir(dir)
@@ -664,7 +661,7 @@ async fn https_with_ca_and_client_certificate() {
         key = d.join("dc1-server-consul-0-key.pem").display(),
     );
     let (_process, _http) =
-        support::consul::spawn_dev("consul-tls", d, &["-hcl".into(), hcl]).await;
+        crate::support::consul::spawn_dev("consul-tls", d, &["-hcl".into(), hcl]).await;
     let read = |name: &str| std::fs::read(d.join(name)).expect("read PEM");
     let url = format!("https://127.0.0.1:{https_port}");
 

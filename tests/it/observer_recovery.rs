@@ -5,17 +5,15 @@
 //! The failure is injected at the backend boundary (an observer that errors once, in front of
 //! a real etcd), since a real store fails the observer and the follower's own wait together.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use crate::support::EtcdServer;
+use crate::support::events::elected;
 use incumbent::backend::{Backend, BackendInfo, Leader, Observer, SessionOptions};
 use incumbent::etcd::EtcdBackend;
 use incumbent::{Election, Error, Result, Role};
-use support::EtcdServer;
-use support::events::elected;
 use tokio::time::timeout;
 
 const TTL: Duration = Duration::from_secs(4);

@@ -7,19 +7,15 @@
 //! and a real Consul agent through a TCP proxy that delays every chunk of bytes. A missing
 //! server binary fails the test with the install hint (`scripts/install-test-deps`).
 
-#![cfg(all(feature = "etcd", feature = "consul"))]
-
-mod support;
-
 use std::time::Duration;
 
+use crate::support::events::{demoted, elected};
+use crate::support::{ConsulDev, EtcdServer, Proxy};
 use incumbent::backend::Backend;
 use incumbent::consul::{ConsulBackend, ConsulConfig};
 use incumbent::etcd::EtcdBackend;
 use incumbent::memory::MemoryBackend;
 use incumbent::{Campaign, Election, LeadershipEvent, Term};
-use support::events::{demoted, elected};
-use support::{ConsulDev, EtcdServer, Proxy};
 use tokio::time::Instant;
 
 /// How long any expected event may take before the test fails.

@@ -2,16 +2,14 @@
 //! the follower too. A follower on the file backend waits for the lock in a blocking `flock`,
 //! which once kept `#[tokio::main]`'s runtime from ever finishing its drop.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use support::http::get;
-use support::net::free_addr;
+use crate::support::http::get;
+use crate::support::net::free_addr;
 
 /// How long an example may take to exit after the signal.
 const EXIT_WITHIN: Duration = Duration::from_secs(2);

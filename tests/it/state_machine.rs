@@ -11,9 +11,8 @@ use incumbent::{
 };
 use tokio::time::{Instant, sleep, timeout};
 
-mod support;
-use support::beats::{Beats, first_token, last_beat, stubborn};
-use support::events::{demoted, elected, elected_within};
+use crate::support::beats::{Beats, first_token, last_beat, stubborn};
+use crate::support::events::{demoted, elected, elected_within};
 
 const TTL: Duration = Duration::from_secs(3);
 const NAME: &str = "jobs/index";

@@ -199,7 +199,7 @@ impl Store for File {
 ///
 /// The backends use lock-delay 0: a crashed leader's session is invalidated up to 2 × ttl
 /// after its last renewal, and Consul's default 15 s lock-delay on top would exceed what the
-/// failover body allows. (tests/consul.rs covers lock-delays.)
+/// failover body allows. (tests/it/consul.rs covers lock-delays.)
 #[cfg(feature = "consul")]
 #[derive(Clone)]
 pub struct Consul {
@@ -281,7 +281,7 @@ impl Store for Consul {
             release: Some(session),
             ..Default::default()
         };
-        let key = backend.key(crate::bodies::ELECTION);
+        let key = backend.key(super::bodies::ELECTION);
         let released = admin.kv_put(&key, b"released by an operator", &options);
         assert!(released.await.expect("release"), "the lock was released");
         incumbent::DemotionReason::LockTaken
@@ -469,7 +469,7 @@ impl Store for Zookeeper {
         let admin = zookeeper_client::Client::connect(&self.client.to_string())
             .await
             .expect("admin client");
-        let path = backend.election_path(crate::bodies::ELECTION);
+        let path = backend.election_path(super::bodies::ELECTION);
         let mut nodes = admin
             .list_children(&path)
             .await

@@ -1,11 +1,10 @@
 //! The health router over real HTTP: `/healthz`, `/readyz`, `/leader` and a `/metrics` scrape,
 //! on the memory backend, in real time. One behaviour per test, named for it.
 
-mod support;
+use crate::support::events::elected;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use support::events::elected;
 
 use incumbent::http::Health;
 use incumbent::memory::{MemoryBackend, Reachability};
