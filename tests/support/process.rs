@@ -79,25 +79,35 @@ impl ServerProcess {
     /// Waits until the probe succeeds; panics with the log tail when the
     /// process exits or `READY_TIMEOUT` passes first.
     pub async fn wait_ready(&mut self) {
+        if let Err(why) = self.try_wait_ready().await {
+            panic!("{why}");
+        }
+    }
+
+    /// Waits until the probe succeeds; the log tail as the error when the process exits
+    /// (e.g. a port taken between choosing it and binding it) or `READY_TIMEOUT` passes
+    /// first. A process that exited is reaped; one that timed out is killed.
+    pub async fn try_wait_ready(&mut self) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
             if self.probe.is_ready().await {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.child_mut().try_wait().expect("try_wait") {
                 self.child = None;
-                panic!(
+                return Err(format!(
                     "{} exited during startup ({status})\n{}",
                     self.name,
                     self.log_tail()
-                );
+                ));
             }
             if tokio::time::Instant::now() >= deadline {
-                panic!(
-                    "{} not ready after {READY_TIMEOUT:?}\n{}",
-                    self.name,
-                    self.log_tail()
-                );
+                let tail = self.log_tail();
+                self.kill9();
+                return Err(format!(
+                    "{} not ready after {READY_TIMEOUT:?}\n{tail}",
+                    self.name
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -120,6 +130,13 @@ impl ServerProcess {
     /// Freezes the process with SIGSTOP: it keeps its sockets but answers nothing.
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
+        // kill(2) returns before every thread has stopped: a request sent at once could
+        // still be answered by a thread on the other core. Wait until all are stopped.
+        let pid = self.pid().expect("paused process runs");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !all_threads_stopped(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Thaws a paused process with SIGCONT.
@@ -240,4 +257,18 @@ fn spawn_tied_to_process(mut command: Command) -> std::io::Result<Child> {
         .send((command, reply))
         .expect("server-spawner thread is gone");
     result.recv().expect("server-spawner thread is gone")
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.filter_map(Result::ok).all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+        })
+    })
 }

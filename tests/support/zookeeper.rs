@@ -52,6 +52,23 @@ impl ZookeeperServer {
     /// until it serves requests. Panics, naming the install command, when Java or the
     /// `zookeeper` package is missing.
     pub async fn single() -> Self {
+        // A free port can be taken by another process between choosing it and the server
+        // binding it (eight tests at a time open many connections): start again on new
+        // ports, a few times, before giving up with the server's log.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Self::try_single().await {
+                Ok(server) => return server,
+                Err(why) => failures.push(why),
+            }
+        }
+        panic!(
+            "zookeeper did not start in 3 tries:\n{}",
+            failures.join("\n---\n")
+        );
+    }
+
+    async fn try_single() -> Result<Self, String> {
         let java = find_binary("java");
         let classpath = classpath();
         let dir = tempfile::Builder::new()
@@ -77,13 +94,13 @@ impl ZookeeperServer {
             check: is_serving,
         };
         let mut process = ServerProcess::spawn("zookeeper", java, args, dir.path(), probe);
-        process.wait_ready().await;
-        ZookeeperServer {
+        process.try_wait_ready().await?;
+        Ok(ZookeeperServer {
             process,
             client_addr,
             admin_addr,
             _dir: dir,
-        }
+        })
     }
 
     /// The client address, e.g. to put a `Proxy` in front of it.
