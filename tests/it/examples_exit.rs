@@ -16,8 +16,9 @@ const EXIT_WITHIN: Duration = Duration::from_secs(2);
 /// How long a replica may take to serve, and to lead.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// An example's binary, built once per run with every feature (as `cargo test
-/// --all-features` builds the examples, so that this is a no-op after it).
+/// An example's binary, built once per run with every feature, for the whole workspace, as
+/// `scripts/test` (`cargo test --workspace --all-features`) builds the examples: a no-op
+/// after it (the same features of every dependency, so nothing is rebuilt).
 fn example(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -27,9 +28,15 @@ fn example(name: &str) -> PathBuf {
         .expect("target/<profile>")
         .to_owned();
     BUILT.get_or_init(|| {
-        let mut build = Command::new(env!("CARGO"));
+        let mut build = crate::support::bin::nested_cargo();
         build
-            .args(["build", "--all-features", "--example", "service"])
+            .args([
+                "build",
+                "--workspace",
+                "--all-features",
+                "--example",
+                "service",
+            ])
             .args(["--example", "health_endpoint"])
             .current_dir(env!("CARGO_MANIFEST_DIR"));
         if profile_dir.ends_with("release") {

@@ -19,7 +19,7 @@ fn quickstart() -> PathBuf {
         .expect("target/<profile>");
     let bin = profile_dir.join("examples").join("quickstart");
     if !bin.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
+        let status = crate::support::bin::nested_cargo()
             .args(["build", "--example", "quickstart"])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()

@@ -14,9 +14,10 @@ use serde_json::Value;
 use tokio::process::Command;
 use tokio::time::timeout;
 
-/// The example's binary, built once per test run with this test's own features and profile
-/// (so that the build is a no-op after `cargo test`, and has the Consul backend when this
-/// test does).
+/// The example's binary, built once per test run with this test's own features and profile,
+/// so that it has the Consul backend when this test does. With every feature (as
+/// `scripts/test`, `cargo test --workspace --all-features`, runs it) it is built the way that
+/// command builds the examples, so the build is a no-op after it.
 fn index_builder() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -36,16 +37,16 @@ fn index_builder() -> PathBuf {
         .into_iter()
         .filter_map(|(name, on)| on.then_some(name))
         .collect();
-        let mut build = std::process::Command::new(env!("CARGO"));
-        build
-            .args([
-                "build",
-                "--example",
-                "index_builder",
-                "--no-default-features",
-            ])
-            .args(["--features", &features.join(",")])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        let mut build = crate::support::bin::nested_cargo();
+        build.args(["build", "--example", "index_builder"]);
+        if cfg!(feature = "full") {
+            build.args(["--workspace", "--all-features"]);
+        } else {
+            build
+                .arg("--no-default-features")
+                .args(["--features", &features.join(",")]);
+        }
+        build.current_dir(env!("CARGO_MANIFEST_DIR"));
         if profile_dir.ends_with("release") {
             build.arg("--release");
         }

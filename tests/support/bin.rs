@@ -42,3 +42,32 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path)
         .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
 }
+
+/// `cargo`, as a test starts it for a nested build, without the variables cargo set for the
+/// test process itself (its package's `CARGO_PKG_*`, `CARGO_MANIFEST_*`, `OUT_DIR`, …). Some
+/// build scripts rerun when such a variable changes, so a nested build that inherited them
+/// rebuilt ring, rustls and everything above them, and the next `cargo test` rebuilt them
+/// again.
+pub fn nested_cargo() -> std::process::Command {
+    let mut cargo = std::process::Command::new(env!("CARGO"));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_the_test = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || matches!(
+                name,
+                "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+                    | "LD_LIBRARY_PATH"
+                    | "RUST_TEST_THREADS"
+            );
+        if set_for_the_test {
+            cargo.env_remove(name);
+        }
+    }
+    cargo
+}
