@@ -1197,13 +1197,14 @@ impl<B: Backend> Engine<B> {
 
     /// The gap before the term this candidate just won (see [`Gap`]): from when it saw the
     /// election without a holder; the upper bound adds the ttl the store waits before it
-    /// frees a crashed holder's lock, unless this process ended the last term itself.
+    /// frees a crashed holder's lock, unless this process ended the last term itself or the
+    /// store frees a dead holder's lock at once.
     fn gap(&mut self) -> Gap {
         let seen = self.leaderless.take();
         let lock_free = seen.map_or(Duration::ZERO, |l| l.since.elapsed());
         let exact = seen.is_some_and(|l| l.exact);
         Gap {
-            without_leader: if exact {
+            without_leader: if exact || self.backend.info().frees_dead_holder_at_once {
                 lock_free
             } else {
                 lock_free + self.config.ttl

@@ -284,6 +284,7 @@ mod tests {
             wakeup: crate::backend::Wakeup::Push,
             renew_divisor: 3,
             max_lock_delay,
+            frees_dead_holder_at_once: false,
         };
         let draft = |delay: u64| Draft {
             name: "e".into(),

@@ -168,7 +168,11 @@ impl Backend for FileBackend {
     type Observer = FileObserver;
 
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
+        BackendInfo {
+            // The kernel drops a dead process's lock at once.
+            frees_dead_holder_at_once: true,
+            ..BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
+        }
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<FileSession> {

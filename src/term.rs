@@ -70,8 +70,10 @@ struct Inner {
 ///   confirmed renewal to the win, that is `lock_free` plus the ttl. After a crash (kill -9, a
 ///   partition) this is the gap a user sees, to within one renewal interval.
 ///
-/// On the file backend the kernel frees a dead holder's lock at once, so there `lock_free` is
-/// the real gap after a crash too.
+/// On the file backend the kernel frees a dead holder's lock at once
+/// ([`BackendInfo::frees_dead_holder_at_once`](crate::backend::BackendInfo::frees_dead_holder_at_once)),
+/// so there the two figures are the same: the real gap after a crash too. (A frozen holder
+/// keeps its lock there until it thaws; the time before that is not seen.)
 ///
 /// When this process ended the previous term itself (it led before, and lost or resigned),
 /// the winner knows when the election lost its leader, and both figures are that exact time

@@ -166,6 +166,12 @@ pub struct BackendInfo {
     /// store has no lock-delay, and an election that asks for one (other than zero) is
     /// refused. Consul: 60 s; the memory backend: `Duration::MAX` (no limit of its own).
     pub max_lock_delay: Option<Duration>,
+    /// Whether the store frees a dead holder's lock the moment it dies (the file backend: the
+    /// kernel drops a dead process's `flock`), rather than when its lease runs out, one ttl
+    /// after its last renewal (every other store). A winner counts the time without a
+    /// leader ([`Gap::without_leader`](crate::Gap::without_leader)) from the lock being free
+    /// when it is `true`, from one ttl before that when it is `false`.
+    pub frees_dead_holder_at_once: bool,
 }
 
 impl BackendInfo {
@@ -180,6 +186,7 @@ impl BackendInfo {
             wakeup: Wakeup::Push,
             renew_divisor: DEFAULT_RENEW_INTERVAL_DIVISOR,
             max_lock_delay: None,
+            frees_dead_holder_at_once: false,
         }
     }
 }

@@ -510,6 +510,7 @@ impl Backend for KvBackend {
             wakeup: Wakeup::Poll(poll),
             renew_divisor: 3,
             max_lock_delay: None,
+            frees_dead_holder_at_once: false,
         }
     }
 

@@ -231,6 +231,7 @@ impl Backend for SimBackend {
             wakeup: Wakeup::Push,
             renew_divisor: 3,
             max_lock_delay: Some(Duration::MAX),
+            frees_dead_holder_at_once: false,
         }
     }
 
