@@ -28,6 +28,8 @@
 //! plus the ttl. After a kill -9 it is the real gap to within one renewal interval; after a
 //! release (a resign, a clean shutdown) it is one ttl too high, and
 //! `incumbent_lock_free_to_leader_seconds`, the same figure without the ttl, is the real one.
+//! On the file backend, where the kernel frees a dead holder's lock at once, no ttl is added
+//! and the two are the same.
 //! When the winner's own process ended the last term (it led, and lost or resigned), both are
 //! exactly the time since then. Each term carries both figures: [`Term::gap`](crate::Term::gap).
 
