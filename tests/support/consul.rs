@@ -7,7 +7,7 @@ use tempfile::TempDir;
 
 use super::bin::find_binary;
 use super::net::{free_addr, free_port};
-use super::process::{Probe, ServerProcess};
+use super::process::{Probe, ServerProcess, start_with_retries};
 
 /// A `consul agent -dev` with every port on a free loopback port, killed on drop.
 pub struct ConsulDev {
@@ -58,6 +58,15 @@ fn has_leader(body: &str) -> bool {
 /// and data in `dir`, and `extra` arguments (ACL or TLS settings, say); waits until it has
 /// elected itself leader. Returns the process (killed on drop) and its HTTP address.
 pub async fn spawn_dev(name: &str, dir: &Path, extra: &[String]) -> (ServerProcess, SocketAddr) {
+    // Again on new ports when the agent exits during startup ([`start_with_retries`]).
+    start_with_retries("consul", || try_spawn_dev(name, dir, extra)).await
+}
+
+async fn try_spawn_dev(
+    name: &str,
+    dir: &Path,
+    extra: &[String],
+) -> Result<(ServerProcess, SocketAddr), String> {
     let consul = find_binary("consul");
     let http = free_addr();
     let mut args: Vec<String> = vec![
@@ -86,6 +95,6 @@ pub async fn spawn_dev(name: &str, dir: &Path, extra: &[String]) -> (ServerProce
         check: has_leader,
     };
     let mut process = ServerProcess::spawn(name, consul, args, dir, probe);
-    process.wait_ready().await;
-    (process, http)
+    process.try_wait_ready().await?;
+    Ok((process, http))
 }

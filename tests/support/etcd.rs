@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use super::bin::find_binary;
 use super::net::free_addr;
-use super::process::{Probe, ServerProcess};
+use super::process::{Probe, ServerProcess, start_with_retries};
 
 /// Raft heartbeat in milliseconds, low so that tests fail over fast.
 pub const HEARTBEAT_MS: u32 = 50;
@@ -107,8 +107,13 @@ impl EtcdCluster {
         &mut self.members[index]
     }
 
-    /// Starts `size` members, their data directories in a new temp dir under `parent`.
+    /// Starts `size` members, their data directories in a new temp dir under `parent`, again
+    /// on new ports when one exits during startup ([`start_with_retries`]).
     async fn start(size: usize, parent: &Path) -> Self {
+        start_with_retries("etcd", || Self::try_start(size, parent)).await
+    }
+
+    async fn try_start(size: usize, parent: &Path) -> Result<Self, String> {
         let etcd = find_binary("etcd");
         let dir = tempfile::Builder::new()
             .prefix("incumbent-etcd-")
@@ -138,13 +143,13 @@ impl EtcdCluster {
         // Members become healthy only once a quorum has started, so all are
         // spawned before waiting on any.
         for member in &mut members {
-            member.wait_ready().await;
+            member.try_wait_ready().await?;
         }
-        EtcdCluster {
+        Ok(EtcdCluster {
             members,
             client_addrs,
             _dir: dir,
-        }
+        })
     }
 }
 

@@ -272,3 +272,23 @@ fn all_threads_stopped(pid: u32) -> bool {
         })
     })
 }
+
+/// Starts a server with `start` until it comes up, at most 3 times: a free port can be taken
+/// by another process between choosing it and the server binding it (eight tests at a time
+/// open many connections), and each try chooses new ports. Panics with every try's log.
+pub async fn start_with_retries<T, Fut>(what: &str, mut start: impl FnMut() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match start().await {
+            Ok(server) => return server,
+            Err(why) => failures.push(why),
+        }
+    }
+    panic!(
+        "{what} did not start in 3 tries:\n{}",
+        failures.join("\n---\n")
+    );
+}

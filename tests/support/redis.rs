@@ -12,7 +12,7 @@ use tempfile::TempDir;
 
 use super::bin::find_binary;
 use super::net::free_addr;
-use super::process::{Probe, ServerProcess};
+use super::process::{Probe, ServerProcess, start_with_retries};
 
 /// Marks a [`TextServer`] that runs Redis.
 pub struct Redis;
@@ -39,7 +39,7 @@ impl TextServer<Redis> {
     /// not asked for certificates). The files are in the server's temp dir.
     pub async fn with_tls() -> (Self, RedisTls) {
         let tls_addr = free_addr();
-        let mut files = None;
+        let files = std::cell::RefCell::new(None);
         let server = Self::spawn_with("Kg$x", |args, dir| {
             let made = RedisTls::make(dir, tls_addr);
             args.extend(
@@ -57,10 +57,11 @@ impl TextServer<Redis> {
                 ]
                 .map(String::from),
             );
-            files = Some(made);
+            files.replace(Some(made));
         })
         .await;
-        (server, files.expect("the certificates were made"))
+        let files = files.into_inner().expect("the certificates were made");
+        (server, files)
     }
 
     /// Starts a replica of the server at `primary` (`--replicaof`), without persistence.
@@ -81,7 +82,7 @@ impl TextServer<Redis> {
 
     /// A server with `notifications` as `notify-keyspace-events` (empty: none), and the
     /// arguments `more` adds.
-    async fn spawn_with(notifications: &str, more: impl FnOnce(&mut Vec<String>, &Path)) -> Self {
+    async fn spawn_with(notifications: &str, more: impl Fn(&mut Vec<String>, &Path)) -> Self {
         let args = |addr: SocketAddr, dir: &Path| {
             let mut args: Vec<String> = vec![
                 "--port".into(),
@@ -180,10 +181,24 @@ impl<K> TextServer<K> {
     pub async fn spawn(
         name: &'static str,
         binary: &str,
-        args: impl FnOnce(SocketAddr, &Path) -> Vec<String>,
+        args: impl Fn(SocketAddr, &Path) -> Vec<String>,
         request: &'static [u8],
         ready: fn(&str) -> bool,
     ) -> Self {
+        // Again on new ports when the server exits during startup ([`start_with_retries`]).
+        start_with_retries(name, || {
+            Self::try_spawn(name, binary, &args, request, ready)
+        })
+        .await
+    }
+
+    async fn try_spawn(
+        name: &'static str,
+        binary: &str,
+        args: &impl Fn(SocketAddr, &Path) -> Vec<String>,
+        request: &'static [u8],
+        ready: fn(&str) -> bool,
+    ) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("incumbent-{name}-"))
             .tempdir()
@@ -203,14 +218,14 @@ impl<K> TextServer<K> {
                 check: ready,
             },
         );
-        process.wait_ready().await;
-        TextServer {
+        process.try_wait_ready().await?;
+        Ok(TextServer {
             kind: PhantomData,
             process,
             addr,
             _probe: probe,
             _dir: dir,
-        }
+        })
     }
 
     /// The server's address, `127.0.0.1:PORT`.

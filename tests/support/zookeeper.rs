@@ -15,7 +15,7 @@ use tempfile::TempDir;
 use super::bin::{INSTALL_HINT, find_binary};
 use super::http;
 use super::net::free_addr;
-use super::process::{Probe, ServerProcess};
+use super::process::{Probe, ServerProcess, start_with_retries};
 use super::proxy::Proxy;
 
 /// ZooKeeper's tick in milliseconds: sessions are checked for expiry at this pace.
@@ -163,7 +163,16 @@ impl ZookeeperEnsemble {
         Self::start(true, sync_limit).await
     }
 
+    /// Starts the three members, again on new ports when one exits during startup
+    /// ([`start_with_retries`]; ZooKeeper exits with 14 when its quorum port is taken).
     async fn start(proxied: bool, sync_limit: u32) -> Self {
+        start_with_retries("the zookeeper ensemble", || {
+            Self::try_start(proxied, sync_limit)
+        })
+        .await
+    }
+
+    async fn try_start(proxied: bool, sync_limit: u32) -> Result<Self, String> {
         let java = find_binary("java");
         let classpath = classpath();
         let dir = tempfile::Builder::new()
@@ -246,15 +255,16 @@ impl ZookeeperEnsemble {
             ));
         }
         for member in &mut members {
-            member.wait_ready().await;
+            // On failure the members are dropped, which kills those still running.
+            member.try_wait_ready().await?;
         }
-        ZookeeperEnsemble {
+        Ok(ZookeeperEnsemble {
             members,
             client_addrs,
             admin_addrs,
             links,
             _dir: dir,
-        }
+        })
     }
 
     /// The connect string of all members: `127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
