@@ -316,7 +316,7 @@ pub(crate) fn spawn<B: Backend>(
         failures: 0,
         quick_losses: 0,
         last_token: None,
-        leaderless: Leaderless::seen(),
+        leaderless: Some(Leaderless::seen()),
     };
     tokio::spawn(engine.supervise().instrument(span));
     Campaign { events, handle }
@@ -383,18 +383,20 @@ struct Leaderless {
 }
 
 impl Leaderless {
-    fn seen() -> Option<Leaderless> {
-        Some(Leaderless {
+    /// Seen now, by a candidate that does not know when the last term ended.
+    fn seen() -> Leaderless {
+        Leaderless {
             since: Instant::now(),
             exact: false,
-        })
+        }
     }
 
-    fn own_term_ended() -> Option<Leaderless> {
-        Some(Leaderless {
+    /// Now, when this process's own term ended.
+    fn own_term_ended() -> Leaderless {
+        Leaderless {
             since: Instant::now(),
             exact: true,
-        })
+        }
     }
 }
 
@@ -563,7 +565,7 @@ impl<B: Backend> Engine<B> {
                 reason,
                 stop_by: term.stop_by(),
             });
-            self.leaderless = Leaderless::own_term_ended();
+            self.leaderless = Some(Leaderless::own_term_ended());
         }
         let delay = self.failed(&Error::CampaignPanicked { message });
         self.cool_down(delay).await
@@ -763,9 +765,7 @@ impl<B: Backend> Engine<B> {
                 Ok(Attempt::Delayed { until }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
                         .increment(1);
-                    if self.leaderless.is_none() {
-                        self.leaderless = Leaderless::seen();
-                    }
+                    self.leaderless.get_or_insert_with(Leaderless::seen);
                     tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
                     Box::pin(self.wait_until(until, &mut fence)).await
                 }
@@ -810,9 +810,7 @@ impl<B: Backend> Engine<B> {
                 Ok(Ok(Ok(()))) => {
                     // The holder (or our predecessor) may be gone: the election may be
                     // without a leader from now until someone wins.
-                    if self.leaderless.is_none() {
-                        self.leaderless = Leaderless::seen();
-                    }
+                    self.leaderless.get_or_insert_with(Leaderless::seen);
                     return None;
                 }
                 Ok(Ok(Err(error))) => {
@@ -988,7 +986,7 @@ impl<B: Backend> Engine<B> {
             s.term = None;
         });
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(0.0);
-        self.leaderless = Leaderless::own_term_ended();
+        self.leaderless = Some(Leaderless::own_term_ended());
 
         // Only now ask the store why the lock went, if the backend can tell more.
         let reason = match lock_loss {
@@ -1219,9 +1217,7 @@ impl<B: Backend> Engine<B> {
             Some(l) if l.candidate.id != self.config.candidate.id => self.leaderless = None,
             Some(_) => {}
             None => {
-                if self.leaderless.is_none() {
-                    self.leaderless = Leaderless::seen();
-                }
+                self.leaderless.get_or_insert_with(Leaderless::seen);
             }
         }
         if self.seen_leader.as_ref() == Some(&leader) {

@@ -1,14 +1,11 @@
 //! A small unbounded queue with one receiver: events to subscribers, commands to a campaign,
-//! term guards, and etcd's watch responses. A leaf: it depends on nothing else in the crate,
-//! so every floor may use it.
+//! term guards, and etcd's watch responses. It depends on nothing of the crate but
+//! `backend::lock`, so every floor above the backend contract may use it.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
-/// The state behind a mutex; a panic elsewhere while it was held leaves it usable.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::backend::lock;
 
 /// An unbounded queue with one receiver: what carries events to each subscriber, commands to
 /// a campaign, and watch responses to each etcd watch.
