@@ -239,6 +239,8 @@ any_backend! {
     Redis(crate::redis::RedisBackend),
     #[cfg(feature = "memcached")]
     Memcached(crate::memcached::MemcachedBackend),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::PostgresBackend),
 }
 
 /// Turns the backend a URL connected to into an [`AnyBackend`].
@@ -255,7 +257,7 @@ impl WithBackend for IntoAny {
 impl AnyBackend {
     /// Connects to the store `url` names (see [`BackendUrl`] for the forms: `memory:`,
     /// `file:///dir`, `etcd://host:2379`, `consul://host:8500`, `zk://host:2181`,
-    /// `redis://host:6379`, `memcached://host:11211`); credentials and TLS files come from
+    /// `redis://host:6379`, `memcached://host:11211`, `postgres://host:5432/db`); credentials and TLS files come from
     /// the environment. Tries once, like every backend's `connect`.
     ///
     /// # Errors

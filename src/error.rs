@@ -84,6 +84,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The store accepts no writes on this connection: a PostgreSQL standby (in recovery),
+    /// or a server or transaction that is read-only. Refused before any campaign writes.
+    /// Transient: the campaign retries (a failover can make the server writable, and the next
+    /// connection can reach another of the hosts given).
+    #[error(
+        "{backend}: the server accepts no writes here: {reason}; connect to the primary \
+         (list every host in the URL: incumbent connects to the one that takes writes)"
+    )]
+    ReadOnly {
+        /// The backend, e.g. `"postgres"`.
+        backend: &'static str,
+        /// What the server said.
+        reason: String,
+    },
     /// The campaign has shut down; start a new one with [`Election::campaign`](crate::Election::campaign).
     #[error("the campaign has shut down; call Election::campaign() to start a new one")]
     Stopped,
@@ -117,7 +131,8 @@ impl Error {
             feature = "etcd",
             feature = "zookeeper",
             feature = "redis",
-            feature = "memcached"
+            feature = "memcached",
+            feature = "postgres"
         )),
         allow(dead_code)
     )]
@@ -136,7 +151,10 @@ impl Error {
 
     /// Whether retrying the same request later can succeed (the store was down or slow).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::ReadOnly { .. } | Error::Timeout(_)
+        )
     }
 
     pub(crate) fn timing(reason: impl Into<String>) -> Self {

@@ -224,6 +224,8 @@ pub mod http;
 pub mod memcached;
 pub mod memory;
 pub mod metrics;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;

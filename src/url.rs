@@ -13,6 +13,7 @@
 //! | `memcached://host:port` | memcached (best effort: see its module docs) | `memcached` |
 //! | `redis://host:port[/db]`, `rediss://host:port[/db]` | Redis (database `db`, default 0; `rediss://`: TLS, the server's certificate checked against `INCUMBENT_REDIS_CA_FILE` or the system's roots) | `redis` (`redis-tls` for `rediss://`) |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
+//! | `postgres://host[:port][,host[:port]…][/dbname]`, `postgresql://…`, or `postgres:` | PostgreSQL (the first host that takes writes; `postgres:`: `PGHOST`, `PGPORT` and `PGDATABASE`; TLS by `PGSSLMODE`) | `postgres` (`postgres-tls` for TLS) |
 //!
 //! Each store owns its form and its settings from the environment: its `from_url` gives the
 //! store's builder, to set more before connecting
@@ -21,6 +22,7 @@
 //! [`RedisBackend::from_url`](crate::redis::RedisBackend::from_url),
 //! [`MemcachedBackend::from_url`](crate::memcached::MemcachedBackend::from_url),
 //! [`ZookeeperBackend::from_url`](crate::zookeeper::ZookeeperBackend::from_url),
+//! [`PostgresBackend::from_url`](crate::postgres::PostgresBackend::from_url),
 //! [`FileBackend::from_url`](crate::file::FileBackend::from_url)). [`BackendUrl`] is the
 //! dispatch above them: it picks the store by the scheme, and a store whose feature is not
 //! compiled in is an [`Error::InvalidConfig`] that names the feature.
@@ -44,6 +46,15 @@
 //! | `INCUMBENT_REDIS_PASSWORD` | Redis | the password; when set (not empty), it wins over `REDISCLI_AUTH` |
 //! | `REDISCLI_AUTH` | Redis | the password, as `redis-cli` reads it |
 //! | `INCUMBENT_REDIS_CA_FILE` | Redis, `rediss://` | a PEM file of the CA certificates that sign the server's certificate; unset: the system's roots |
+//! | `PGUSER` | PostgreSQL | the user (unset: the OS user, as libpq) |
+//! | `PGPASSWORD` | PostgreSQL | the password; unset: the password file's |
+//! | `PGPASSFILE` | PostgreSQL | the password file (default `~/.pgpass`; `host:port:database:user:password` lines, as libpq reads them; ignored when group or others may read it) |
+//! | `PGSSLMODE` | PostgreSQL | `require`, `verify-ca` or `verify-full`: TLS, the server's certificate and host name always checked (stricter than libpq's `require`); unset, `disable`, `allow` or `prefer`: no TLS |
+//! | `PGSSLROOTCERT` | PostgreSQL | the CA certificate file (PEM); unset: the system's roots |
+//! | `PGSSLCERT`, `PGSSLKEY` | PostgreSQL | the client certificate and key files (PEM) |
+//! | `PGHOST`, `PGPORT`, `PGDATABASE`, `PGAPPNAME` | PostgreSQL | the hosts (comma-separated) and port of `postgres:`, the database when the URL names none (default: the user), the application name (default `incumbent`) |
+//! | `INCUMBENT_PG_TABLE` | PostgreSQL | the lease table (default `incumbent_leases`) |
+//! | `INCUMBENT_PG_LISTEN` | PostgreSQL | `off` behind a transaction pooler (PgBouncer's `pool_mode = transaction`), where `LISTEN` hears nothing: followers poll |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
 //!
 //! | `ETCDCTL_ENDPOINTS` | etcd | the endpoints of `etcd:` / `etcd:///prefix` (`https://host:port,…`; `host:port` is `https://` when a CA is given, else `http://`) |
@@ -147,6 +158,13 @@ pub enum BackendUrl {
         /// The server's address, `host:port`.
         address: String,
     },
+    /// PostgreSQL servers (`host[:port]`, the first that takes writes) and a database.
+    Postgres {
+        /// The hosts, as given; none: `PGHOST` (see the [module docs](self)).
+        hosts: Vec<String>,
+        /// The database, if given.
+        dbname: Option<String>,
+    },
     /// A Redis server (`host:port`) and database number.
     Redis {
         /// The server's address, `host:port`.
@@ -166,7 +184,7 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port, postgres://host[:port][,host[:port]][/dbname] or zk://host:port[,host:port][/chroot]";
 
 /// Each scheme goes to its store's URL form (`etcd/url.rs`, `consul/url.rs`, …); a store
 /// whose feature is not compiled in says which feature to enable.
@@ -184,6 +202,7 @@ impl FromStr for BackendUrl {
             "zk" => parse_zookeeper(shown, rest),
             "redis" | "rediss" => parse_redis(shown, rest, scheme == "rediss"),
             "memcached" => parse_memcached(shown, rest),
+            "postgres" | "postgresql" => parse_postgres(shown, rest),
             // Only the scheme is shown: what follows may be a password (`user:password`).
             other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
         }
@@ -274,6 +293,18 @@ store_form!(
     }
 );
 
+store_form!(
+    "postgres",
+    parse_postgres(shown: &str, rest: &str) {
+        let (hosts, dbname) = crate::postgres::url::parse(shown, rest)?;
+        Ok(BackendUrl::Postgres { hosts, dbname })
+    },
+    connect_postgres(code, hosts: &[String], dbname: Option<&str>) {
+        let builder = crate::postgres::url::builder(hosts, dbname.map(str::to_owned), crate::secret::env)?;
+        Ok(code.call(builder.connect().await?).await)
+    }
+);
+
 #[cfg(all(feature = "file", unix))]
 fn parse_file(shown: &str, rest: &str) -> Result<BackendUrl> {
     Ok(BackendUrl::File {
@@ -334,6 +365,19 @@ impl fmt::Display for BackendUrl {
                 write!(f, "{scheme}://{}/{db}", redact(address))
             }
             BackendUrl::Memcached { address } => write!(f, "memcached://{}", redact(address)),
+            BackendUrl::Postgres { hosts, dbname } => write!(
+                f,
+                "postgres://{}{}",
+                hosts
+                    .iter()
+                    .map(|h| redact(h))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                dbname
+                    .as_deref()
+                    .map(|d| format!("/{}", redact_prefix(d)))
+                    .unwrap_or_default()
+            ),
         }
     }
 }
@@ -373,6 +417,14 @@ impl fmt::Debug for BackendUrl {
                 .debug_struct("Memcached")
                 .field("address", &redact(address))
                 .finish(),
+            BackendUrl::Postgres { hosts, dbname } => f
+                .debug_struct("Postgres")
+                .field(
+                    "hosts",
+                    &hosts.iter().map(|h| redact(h)).collect::<Vec<_>>(),
+                )
+                .field("dbname", &dbname.as_deref().map(redact_prefix))
+                .finish(),
             BackendUrl::Redis { address, db, tls } => f
                 .debug_struct("Redis")
                 .field("address", &redact(address))
@@ -395,6 +447,7 @@ impl BackendUrl {
             BackendUrl::Consul { .. } => "consul",
             BackendUrl::Memcached { .. } => "memcached",
             BackendUrl::Redis { .. } => "redis",
+            BackendUrl::Postgres { .. } => "postgres",
         }
     }
 
@@ -452,6 +505,9 @@ impl BackendUrl {
             }
             BackendUrl::Redis { address, db, tls } => connect_redis(code, address, *db, *tls).await,
             BackendUrl::Memcached { address } => connect_memcached(code, address).await,
+            BackendUrl::Postgres { hosts, dbname } => {
+                connect_postgres(code, hosts, dbname.as_deref()).await
+            }
         }
     }
 }

@@ -189,7 +189,10 @@ impl Store for Client {
     /// went back), then `add`. A lost `add` race skips a token, which is harmless.
     async fn acquire(&self, claim: Claim<'_>) -> Result<Acquired> {
         if let Some(item) = self.get(claim.key).await? {
-            return Ok(Acquired::Held(Some(item.value)));
+            return Ok(Acquired::Held {
+                value: Some(item.value),
+                expires_in: None,
+            });
         }
         let (mut token, created) = self.next_token(claim.counter).await?;
         // A counter that this candidate saw before and is now missing was lost (a restart,
@@ -209,7 +212,10 @@ impl Store for Client {
         let exptime = exptime(claim.ttl).unsigned_abs();
         if !self.add(claim.key, &value, exptime).await? {
             let holder = self.get(claim.key).await?;
-            return Ok(Acquired::Held(holder.map(|item| item.value)));
+            return Ok(Acquired::Held {
+                value: holder.map(|item| item.value),
+                expires_in: None,
+            });
         }
         Ok(Acquired::Won { token, went_back })
     }

@@ -199,7 +199,10 @@ impl Store for RedisStore {
             .await
             .map_err(from_redis)?;
         match outcome {
-            0 => Ok(Acquired::Held(Some(answer))),
+            0 => Ok(Acquired::Held {
+                value: Some(answer),
+                expires_in: None,
+            }),
             1 | 2 => Ok(Acquired::Won {
                 token: parse_token(claim.counter, &answer)?,
                 went_back: outcome == 2,

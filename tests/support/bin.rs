@@ -19,19 +19,21 @@ pub fn tools_dir() -> PathBuf {
 }
 
 /// Returns the path of the executable `name`, searched on `PATH`, then in
-/// `tools_dir()/bin`, then in `/usr/bin`. Panics, naming the install
+/// `tools_dir()/bin`, then in `/usr/bin` and `/usr/sbin`. Panics, naming the install
 /// command, when it is nowhere.
 pub fn find_binary(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
     dirs.push(tools_dir().join("bin"));
     dirs.push(PathBuf::from("/usr/bin"));
+    // Debian's daemons (pgbouncer) live in /usr/sbin, which a user's PATH may lack.
+    dirs.push(PathBuf::from("/usr/sbin"));
     dirs.iter()
         .map(|dir| dir.join(name))
         .find(|candidate| is_executable(candidate))
         .unwrap_or_else(|| {
             panic!(
-                "`{name}` not found on PATH, in {}/bin or in /usr/bin; \
+                "`{name}` not found on PATH, in {}/bin, /usr/bin or /usr/sbin; \
                  install the test servers with `{INSTALL_HINT}`",
                 tools_dir().display()
             )

@@ -18,6 +18,7 @@ pub mod events;
 pub mod http;
 pub mod memcached;
 pub mod net;
+pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;
@@ -45,6 +46,7 @@ pub use self::{
     consul::ConsulDev,
     etcd::{EtcdCluster, EtcdServer},
     memcached::MemcachedServer,
+    postgres::{PgBouncer, PostgresServer},
     process::{Probe, ServerProcess},
     proxy::Proxy,
     redis::RedisServer,

@@ -118,16 +118,22 @@ impl ServerProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Kills the process with SIGKILL and reaps it; a no-op when stopped.
+    /// Kills the process (and its process group: a server's own children, such as
+    /// PostgreSQL's backends) with SIGKILL and reaps it; a no-op when stopped.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) on the process group our own unreaped child leads.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
             // Fails only if it already exited; `wait` reaps it either way.
             let _ = child.kill();
             child.wait().expect("wait for killed server");
         }
     }
 
-    /// Freezes the process with SIGSTOP: it keeps its sockets but answers nothing.
+    /// Freezes the process (and its process group) with SIGSTOP: it keeps its sockets but
+    /// answers nothing.
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
         // kill(2) returns before every thread has stopped: a request sent at once could
@@ -174,7 +180,9 @@ impl ServerProcess {
         )
         .expect("write server log");
         let mut command = Command::new(&self.program);
+        // Its own process group: signals reach the server's children too.
         command
+            .process_group(0)
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone log file"))
@@ -201,8 +209,8 @@ impl ServerProcess {
             .pid()
             .unwrap_or_else(|| panic!("{} is not running", self.name));
         let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
-        // SAFETY: kill(2) on our own child, which is not reaped yet.
-        let rc = unsafe { libc::kill(pid, signal) };
+        // SAFETY: kill(2) on the process group our own unreaped child leads.
+        let rc = unsafe { libc::kill(-pid, signal) };
         assert_eq!(
             rc,
             0,
@@ -259,8 +267,28 @@ fn spawn_tied_to_process(mut command: Command) -> std::io::Result<Child> {
     result.recv().expect("server-spawner thread is gone")
 }
 
-/// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`).
+/// Whether every thread of every process of `pid`'s process group is stopped (state `T`
+/// in `/proc/<pid>/task/*/stat`).
 fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return threads_stopped(pid);
+    };
+    processes
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&member| member == pid || group_of(member) == Some(pid))
+        .all(threads_stopped)
+}
+
+/// The process group of `pid` (field 5 of `/proc/<pid>/stat`).
+fn group_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split(' ').nth(2)?.parse().ok()
+}
+
+/// Whether every thread of `pid` is stopped.
+fn threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return true;
     };

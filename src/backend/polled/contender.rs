@@ -296,6 +296,10 @@ impl<S: Store> PolledContender<S> {
     }
 }
 
+/// How long after the store's expiry of a holder's lease a follower tries again: enough for
+/// the expiry to have passed on the store's clock too, never a hot loop.
+const EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What every value starts with: the token comes first.
 const VALUE_PREFIX: &[u8] = b"{\"fencing_token\":";
 
@@ -364,12 +368,22 @@ impl<S: Store> Contender for PolledContender<S> {
         self.uncertain = false;
         let (token, went_back) = match acquired {
             Acquired::Won { token, went_back } => (token, went_back),
-            Acquired::Held(Some(value))
-                if owner_of(&value).is_some_and(|owner| owner == self.owner) =>
-            {
+            Acquired::Held {
+                value: Some(value), ..
+            } if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
                 return self.adopt(value).await;
             }
-            Acquired::Held(holder) => {
+            Acquired::Held {
+                value: holder,
+                expires_in,
+            } => {
+                if let Some(left) = expires_in {
+                    // Try again right after the holder's lease runs out (if it is not
+                    // renewed meanwhile), or at the next poll, whichever comes first.
+                    let due = Instant::now() + left + EXPIRY_MARGIN;
+                    let poll = self.poll_at.unwrap_or_else(|| self.backend().next_poll());
+                    self.poll_at = Some(poll.min(due));
+                }
                 if let Some(value) = &holder {
                     self.backend().read_by_contender(&self.key, value);
                 }

@@ -1,6 +1,6 @@
-//! The core of the backends whose followers poll: Redis and memcached.
+//! The core of the backends whose followers poll: Redis, memcached and PostgreSQL.
 //!
-//! Both keep one key per election, holding the leader as JSON with its fencing token, taken
+//! Each keeps one key (a row, on PostgreSQL) per election, holding the leader as JSON with its fencing token, taken
 //! only while it is absent, with a token from a counter key bumped in the same step. Neither
 //! store knows sessions: a session is process-local (a random id and the keys its elections
 //! hold), alive as long as one renewal per renew interval rewrites every held key whose value
@@ -163,8 +163,15 @@ pub enum Acquired {
         /// Whether the counter had gone back.
         went_back: bool,
     },
-    /// Held by someone: its value, if it could still be read.
-    Held(Option<Vec<u8>>),
+    /// Held by someone.
+    Held {
+        /// The holder's value, if it could still be read.
+        value: Option<Vec<u8>>,
+        /// How long the holder's lease has left without a renewal, on the store's clock,
+        /// where the store says (PostgreSQL): a follower tries again right after it, not only
+        /// at its next poll, so a crashed holder is replaced one ttl after its last renewal.
+        expires_in: Option<Duration>,
+    },
 }
 
 /// One attempt to take an election's key.
@@ -196,6 +203,11 @@ pub(crate) mod sealed {
 pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
     /// Short name, for logs, metrics and errors.
     const NAME: &'static str;
+
+    /// What the name of an election's fencing counter adds to its key: `":fencing"` where the
+    /// counter is a key of its own (Redis, memcached), `""` where it lives with the holder
+    /// (PostgreSQL's row).
+    const COUNTER_SUFFIX: &'static str = ":fencing";
 
     /// Refuses session options the store cannot honour (memcached: a ttl in whole seconds).
     fn check(&self, _options: &SessionOptions) -> Result<()> {
@@ -340,9 +352,10 @@ impl<S: Store> PolledBackend<S> {
         format!("{}{election}", self.inner.prefix)
     }
 
-    /// The fencing counter of `election`: `<prefix><election>:fencing`.
+    /// The fencing counter of `election`: `<prefix><election>:fencing` (on PostgreSQL, the
+    /// election's row: `<prefix><election>`).
     pub fn counter_key(&self, election: &str) -> String {
-        format!("{}{election}:fencing", self.inner.prefix)
+        format!("{}{election}{}", self.inner.prefix, S::COUNTER_SUFFIX)
     }
 
     /// The ids of the sessions this backend keeps alive now (process-local, random), for
@@ -434,6 +447,11 @@ impl<S: Store> PolledBackend<S> {
             .map(|(until, _)| *until)
     }
 
+    /// When the next poll is due, from now: the poll interval jittered by ±25 %.
+    fn next_poll(&self) -> Instant {
+        Instant::now() + self.inner.poll.mul_f64(0.75 + fastrand::f64() * 0.5)
+    }
+
     /// Sleeps until the next poll, a change the store pushed for the key, a release of it by
     /// this backend, or (`freed`, for followers) an observer of this backend finding it free.
     ///
@@ -447,9 +465,7 @@ impl<S: Store> PolledBackend<S> {
         freed: Option<&mut watch::Receiver<u64>>,
         poll_at: &mut Option<Instant>,
     ) {
-        let at = *poll_at.get_or_insert_with(|| {
-            Instant::now() + self.inner.poll.mul_f64(0.75 + fastrand::f64() * 0.5)
-        });
+        let at = *poll_at.get_or_insert_with(|| self.next_poll());
         tokio::select! {
             _ = local.changed() => {}
             () = changed(freed) => {}

@@ -175,3 +175,40 @@ conformance!(
         the_leader_proclaims_metadata_that_everyone_reads,
     ]
 );
+
+// PostgreSQL keeps its rows across a restart (the restart body checks one leader again
+// with a greater token). Like Redis, a session is the renewal of the leases it holds: no
+// `a_session_expired_while_waiting_never_leads`, no `a_loss_ends_the_term_before_the_store_is_asked_why`.
+#[cfg(feature = "postgres")]
+conformance!(
+    postgres,
+    crate::conformance::stores::PostgresListening,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
+    ]
+);
+
+// PostgreSQL whose followers poll, as behind PgBouncer in transaction mode.
+#[cfg(feature = "postgres")]
+conformance!(
+    postgres_polled,
+    crate::conformance::stores::PostgresPolled,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
+    ]
+);

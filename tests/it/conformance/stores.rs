@@ -614,3 +614,69 @@ impl Store for Memcached {
         server.process().restart().await;
     }
 }
+
+/// PostgreSQL: a server per test on loopback (`initdb` in a temp dir). `Postgres<true>`'s
+/// followers `LISTEN`; `Postgres<false>`'s poll every 100 ms, as behind a transaction
+/// pooler.
+#[cfg(feature = "postgres")]
+#[derive(Clone)]
+pub struct Postgres<const LISTEN: bool> {
+    addr: std::net::SocketAddr,
+}
+
+/// PostgreSQL whose followers wake on `NOTIFY`.
+#[cfg(feature = "postgres")]
+pub type PostgresListening = Postgres<true>;
+/// PostgreSQL whose followers poll.
+#[cfg(feature = "postgres")]
+pub type PostgresPolled = Postgres<false>;
+
+#[cfg(feature = "postgres")]
+impl<const LISTEN: bool> Postgres<LISTEN> {
+    async fn backend(addr: std::net::SocketAddr) -> incumbent::postgres::PostgresBackend {
+        let backend = crate::support::postgres::backend(addr)
+            .listen(LISTEN)
+            .poll_interval(Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("connect to postgres");
+        assert_eq!(backend.listening(), LISTEN);
+        backend
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl<const LISTEN: bool> Store for Postgres<LISTEN> {
+    type Backend = incumbent::postgres::PostgresBackend;
+    type Server = crate::support::PostgresServer;
+
+    async fn start() -> (Self, crate::support::PostgresServer) {
+        let server = crate::support::PostgresServer::start().await;
+        let addr = server.addr();
+        (Postgres { addr }, server)
+    }
+
+    async fn connect(&self) -> incumbent::postgres::PostgresBackend {
+        Self::backend(self.addr).await
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// A backend that reaches PostgreSQL through a proxy, which the partition black-holes.
+    async fn connect_partitionable(&self) -> (incumbent::postgres::PostgresBackend, Partition) {
+        let proxy = Arc::new(crate::support::Proxy::start(self.addr));
+        let backend = Self::backend(proxy.addr()).await;
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Restarts the server on the same port and data directory: the lease rows survive.
+    async fn restart(server: &mut crate::support::PostgresServer) {
+        server.process().restart().await;
+    }
+}

@@ -23,7 +23,8 @@ use crate::support::net::{free_addr, free_port};
 use crate::support::redis::TextProbe;
 use crate::support::zookeeper::{TICK_MS, ZookeeperEnsemble};
 use crate::support::{
-    EtcdCluster, EtcdServer, MemcachedServer, Probe, Proxy, ServerProcess, ZookeeperServer,
+    EtcdCluster, EtcdServer, MemcachedServer, PostgresServer, Probe, Proxy, ServerProcess,
+    ZookeeperServer,
 };
 
 /// The election every candidate runs for.
@@ -96,10 +97,13 @@ pub enum Backend {
     /// upstream is switched to the replica when it is promoted (`promote-replica`): a
     /// failover loses what the replica had not received.
     RedisFailover,
+    /// One PostgreSQL server (`initdb` in a temp dir), followers woken by `LISTEN`: a
+    /// restart keeps the lease rows.
+    Postgres,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 11] = [
+    pub const ALL: [Backend; 12] = [
         Backend::Memory,
         Backend::File,
         Backend::Etcd,
@@ -111,6 +115,7 @@ impl Backend {
         Backend::Memcached,
         Backend::ZookeeperEnsemble,
         Backend::RedisFailover,
+        Backend::Postgres,
     ];
 
     pub fn name(self) -> &'static str {
@@ -126,6 +131,7 @@ impl Backend {
             Backend::Memcached => "memcached",
             Backend::ZookeeperEnsemble => "zookeeper-ensemble",
             Backend::RedisFailover => "redis-failover",
+            Backend::Postgres => "postgres",
         }
     }
 
@@ -150,7 +156,8 @@ impl Backend {
             | Backend::RedisVolatile
             | Backend::Memcached
             | Backend::ZookeeperEnsemble
-            | Backend::RedisFailover => Duration::from_secs(2),
+            | Backend::RedisFailover
+            | Backend::Postgres => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -171,7 +178,8 @@ impl Backend {
             | Backend::EtcdCluster
             | Backend::Zookeeper
             | Backend::ZookeeperEnsemble
-            | Backend::Redis => self.ttl() + Duration::from_secs(2),
+            | Backend::Redis
+            | Backend::Postgres => self.ttl() + Duration::from_secs(2),
             Backend::Memcached | Backend::RedisVolatile | Backend::RedisFailover => {
                 self.ttl() * 2 + Duration::from_secs(2)
             }
@@ -205,7 +213,8 @@ impl Backend {
             | Backend::Zookeeper
             | Backend::Redis
             | Backend::RedisVolatile
-            | Backend::Memcached => Fault::ALL[..9].to_vec(),
+            | Backend::Memcached
+            | Backend::Postgres => Fault::ALL[..9].to_vec(),
             Backend::EtcdCluster => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -447,6 +456,7 @@ enum Store {
     Memcached(MemcachedServer),
     ZookeeperEnsemble(ZookeeperEnsemble),
     RedisFailover(Box<RedisFailover>),
+    Postgres(PostgresServer),
 }
 
 impl Store {
@@ -465,6 +475,7 @@ impl Store {
                 ZookeeperEnsemble::three_with_peer_proxies(ZK_SYNC_LIMIT).await,
             ),
             Backend::RedisFailover => Store::RedisFailover(Box::new(RedisFailover::start().await)),
+            Backend::Postgres => Store::Postgres(PostgresServer::start().await),
         }
     }
 
@@ -485,6 +496,7 @@ impl Store {
             Store::Zookeeper(zookeeper) => Some(zookeeper.client_addr()),
             Store::Redis(redis) => Some(redis.addr),
             Store::Memcached(memcached) => Some(memcached.addr()),
+            Store::Postgres(postgres) => Some(postgres.addr()),
         }
     }
 
@@ -498,6 +510,7 @@ impl Store {
             Store::Memcached(memcached) => Some(memcached.process()),
             Store::ZookeeperEnsemble(_) => None,
             Store::RedisFailover(pair) => Some(&mut pair.primary.process),
+            Store::Postgres(postgres) => Some(postgres.process()),
         }
     }
 }
@@ -899,6 +912,7 @@ impl World {
             (Store::Memcached(_), Some(proxy)) => format!("memcached://{}", proxy.addr()),
             (Store::ZookeeperEnsemble(_), Some(proxy)) => format!("zk://{}", proxy.addr()),
             (Store::RedisFailover(_), Some(proxy)) => format!("redis://{}", proxy.addr()),
+            (Store::Postgres(_), Some(proxy)) => format!("postgres://{}/postgres", proxy.addr()),
             (_, None) => unreachable!("store backends have a proxy per candidate"),
         }
     }
@@ -936,6 +950,8 @@ impl World {
             .env_remove("RUST_LOG")
             .env_remove("INCUMBENT_BACKEND")
             .env_remove(super::worker::PLANT)
+            // The harness's PostgreSQL trusts user `postgres` on loopback.
+            .env("PGUSER", crate::support::postgres::USER)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(writer.try_clone().expect("dup the stderr pipe"));

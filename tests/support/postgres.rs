@@ -1,0 +1,386 @@
+//! PostgreSQL servers on loopback, each in a temp dir made by `initdb`: a primary, a
+//! streaming replica of it, and PgBouncer in front of one. As root (CI), the servers run as
+//! the `postgres` user (which refuses root) through `setpriv`, which execs, so the server's
+//! pid is the one the harness signals.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use super::bin::{INSTALL_HINT, find_binary};
+use super::net::free_addr;
+use super::process::{Probe, ServerProcess, start_with_retries};
+use super::redis::TextProbe;
+
+/// The user every test connects as.
+pub const USER: &str = "postgres";
+
+/// A startup message for user and database `postgres` (protocol 3.0): a ready server
+/// answers `R` (trust authentication), one that is starting or recovering answers `E`.
+const STARTUP: &[u8] =
+    b"\x00\x00\x00\x29\x00\x03\x00\x00user\x00postgres\x00database\x00postgres\x00\x00";
+
+/// The directory of PostgreSQL's server programs: on PATH, or Debian's
+/// `/usr/lib/postgresql/<version>/bin` (the newest).
+pub fn pg_bin(name: &str) -> PathBuf {
+    if let Some(found) = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+    {
+        return found;
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse().ok()?;
+            Some((version, entry.path().join("bin").join(name)))
+        })
+        .filter(|(_, path)| path.is_file())
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, path)| path).unwrap_or_else(|| {
+        panic!(
+            "`{name}` not found on PATH or in /usr/lib/postgresql/*/bin; install the test \
+             servers with `{INSTALL_HINT}` (Debian's postgresql)"
+        )
+    })
+}
+
+/// The uid and gid of the `postgres` user while we run as root (servers refuse root), or
+/// `None` when we are not root.
+fn run_as() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let name = std::ffi::CString::new(USER).expect("no NUL");
+    // SAFETY: getpwnam with a valid C string; the result is read at once, on this thread.
+    let entry = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(
+        !entry.is_null(),
+        "running as root, but there is no `postgres` user to run the servers as; install \
+         the test servers with `{INSTALL_HINT}` (Debian's postgresql creates it)"
+    );
+    // SAFETY: a non-null passwd entry.
+    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+    Some((uid, gid))
+}
+
+/// A temp dir the servers' user owns.
+fn server_dir(prefix: &str) -> TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("create the server's temp dir");
+    if let Some((uid, gid)) = run_as() {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown the temp dir");
+    }
+    dir
+}
+
+/// `program args`, as the servers' user: the program and arguments to spawn.
+fn as_server_user(program: PathBuf, args: Vec<String>) -> (PathBuf, Vec<String>) {
+    if run_as().is_none() {
+        return (program, args);
+    }
+    let mut wrapped = vec![
+        format!("--reuid={USER}"),
+        format!("--regid={USER}"),
+        "--init-groups".into(),
+        "--pdeathsig=KILL".into(),
+        "--".into(),
+        program.display().to_string(),
+    ];
+    wrapped.extend(args);
+    (find_binary("setpriv"), wrapped)
+}
+
+/// Runs a PostgreSQL tool to its end (as the servers' user), panicking with its output on
+/// failure.
+fn run(program: &str, args: &[&str]) {
+    let (program, args) = as_server_user(
+        pg_bin(program),
+        args.iter().map(|a| (*a).to_owned()).collect(),
+    );
+    let output = Command::new(&program)
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+    assert!(
+        output.status.success(),
+        "{} {}: {}{}",
+        program.display(),
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A `postgres` server on a free loopback port, its data in a temp dir (trust
+/// authentication, user `postgres`, replication allowed from loopback). Killed on drop.
+pub struct PostgresServer {
+    process: ServerProcess,
+    addr: SocketAddr,
+    data: PathBuf,
+    _probe: TextProbe,
+    // Declared last so it is removed after the process is killed.
+    dir: TempDir,
+}
+
+impl PostgresServer {
+    /// Starts a new primary, and waits until it takes connections.
+    pub async fn start() -> Self {
+        start_with_retries("postgres", || async {
+            let dir = server_dir("incumbent-postgres-");
+            let data = dir.path().join("data");
+            let data_arg = data.display().to_string();
+            run(
+                "initdb",
+                &[
+                    "-D",
+                    &data_arg,
+                    "-U",
+                    USER,
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+            );
+            Self::spawn(dir, data).await
+        })
+        .await
+    }
+
+    /// Starts a streaming replica of `primary` (`pg_basebackup -R`: a standby, in
+    /// recovery), and waits until it takes connections.
+    pub async fn replica_of(primary: &PostgresServer) -> Self {
+        start_with_retries("postgres replica", || async {
+            let dir = server_dir("incumbent-postgres-replica-");
+            let data = dir.path().join("data");
+            run(
+                "pg_basebackup",
+                &[
+                    "-D",
+                    &data.display().to_string(),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &primary.addr.port().to_string(),
+                    "-U",
+                    USER,
+                    "-R",
+                    "-X",
+                    "stream",
+                    "--no-sync",
+                ],
+            );
+            Self::spawn(dir, data).await
+        })
+        .await
+    }
+
+    async fn spawn(dir: TempDir, data: PathBuf) -> Result<Self, String> {
+        let addr = free_addr();
+        let args = vec![
+            "-D".into(),
+            data.display().to_string(),
+            "-p".into(),
+            addr.port().to_string(),
+            "-k".into(),
+            dir.path().display().to_string(),
+            "-c".into(),
+            "listen_addresses=127.0.0.1".into(),
+            "-c".into(),
+            "fsync=off".into(),
+            "-c".into(),
+            "max_connections=200".into(),
+            "-c".into(),
+            "shared_buffers=16MB".into(),
+            "-c".into(),
+            "hot_standby=on".into(),
+        ];
+        let (program, args) = as_server_user(pg_bin("postgres"), args);
+        let probe = TextProbe::start(addr, STARTUP);
+        let mut process = ServerProcess::spawn(
+            "postgres",
+            program,
+            args,
+            dir.path(),
+            Probe::Http {
+                addr: probe.addr,
+                path: "/",
+                check: |body| body.starts_with('R'),
+            },
+        );
+        process.try_wait_ready().await?;
+        Ok(PostgresServer {
+            process,
+            addr,
+            data,
+            _probe: probe,
+            dir,
+        })
+    }
+
+    /// The server's address, `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `postgres://127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://{}/postgres", self.addr)
+    }
+
+    /// The process, to kill, pause (with its backends: the whole process group), resume or
+    /// restart (same port and data) it.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Promotes this standby to a primary (`pg_ctl promote`), and waits until it is.
+    pub async fn promote(&self) {
+        run(
+            "pg_ctl",
+            &["promote", "-w", "-D", &self.data.display().to_string()],
+        );
+    }
+
+    /// A plain client of this server as user `postgres`, for the test's own statements.
+    #[cfg(feature = "postgres")]
+    pub async fn client(&self) -> incumbent::postgres::tokio_postgres::Client {
+        client_at(self.addr).await
+    }
+
+    /// The directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A plain client of the server (or pooler) at `addr`, as user `postgres`, database
+/// `postgres`.
+#[cfg(feature = "postgres")]
+pub async fn client_at(addr: SocketAddr) -> incumbent::postgres::tokio_postgres::Client {
+    use incumbent::postgres::tokio_postgres;
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(addr.ip().to_string())
+        .port(addr.port())
+        .user(USER)
+        .dbname("postgres")
+        .application_name("test");
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect to postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// PgBouncer in front of a server, `pool_mode = transaction`, on a free loopback port.
+/// Killed on drop.
+pub struct PgBouncer {
+    process: ServerProcess,
+    addr: SocketAddr,
+    _probe: TextProbe,
+    _dir: TempDir,
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer in transaction mode in front of `server`, with at most `pool_size`
+    /// server connections, and waits until it takes connections.
+    pub async fn transaction_mode(server: SocketAddr, pool_size: u32) -> Self {
+        start_with_retries("pgbouncer", || async {
+            let dir = server_dir("incumbent-pgbouncer-");
+            let addr = free_addr();
+            let ini = dir.path().join("pgbouncer.ini");
+            let users = dir.path().join("userlist.txt");
+            std::fs::write(&users, format!("\"{USER}\" \"\"\n")).expect("write userlist");
+            std::fs::write(
+                &ini,
+                format!(
+                    "[databases]\n\
+                     postgres = host={} port={} dbname=postgres\n\
+                     [pgbouncer]\n\
+                     listen_addr = 127.0.0.1\n\
+                     listen_port = {}\n\
+                     unix_socket_dir =\n\
+                     auth_type = trust\n\
+                     auth_file = {}\n\
+                     pool_mode = transaction\n\
+                     default_pool_size = {pool_size}\n\
+                     max_client_conn = 200\n\
+                     server_lifetime = 3600\n\
+                     ignore_startup_parameters = extra_float_digits,options\n",
+                    server.ip(),
+                    server.port(),
+                    addr.port(),
+                    users.display()
+                ),
+            )
+            .expect("write pgbouncer.ini");
+            if let Some((uid, gid)) = run_as() {
+                for file in [&ini, &users] {
+                    std::os::unix::fs::chown(file, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+            let (program, args) =
+                as_server_user(find_binary("pgbouncer"), vec![ini.display().to_string()]);
+            let probe = TextProbe::start(addr, STARTUP);
+            let mut process = ServerProcess::spawn(
+                "pgbouncer",
+                program,
+                args,
+                dir.path(),
+                Probe::Http {
+                    addr: probe.addr,
+                    path: "/",
+                    check: |body| body.starts_with('R'),
+                },
+            );
+            process.try_wait_ready().await?;
+            Ok(PgBouncer {
+                process,
+                addr,
+                _probe: probe,
+                _dir: dir,
+            })
+        })
+        .await
+    }
+
+    /// PgBouncer's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `postgres://127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://{}/postgres", self.addr)
+    }
+
+    /// The process.
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+}
+
+/// A builder for the server (or pooler) at `addr`, as user `postgres`, database `postgres`.
+#[cfg(feature = "postgres")]
+pub fn backend(addr: SocketAddr) -> incumbent::postgres::PostgresBuilder {
+    use incumbent::postgres::{PostgresBackend, PostgresConfig, tokio_postgres};
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(addr.ip().to_string())
+        .port(addr.port())
+        .user(USER)
+        .dbname("postgres");
+    PostgresBackend::builder(PostgresConfig::from(config))
+}
