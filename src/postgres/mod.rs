@@ -607,7 +607,8 @@ pub(crate) fn from_pg(error: tokio_postgres::Error) -> Error {
             ),
         };
     }
-    if reason.contains("read-write") {
+    // tokio-postgres, when no host takes writes (target_session_attrs=read-write).
+    if reason.contains("does not allow writes") || reason.contains("read-write") {
         return Error::ReadOnly {
             backend: NAME,
             reason,

@@ -52,6 +52,8 @@ mod index_builder;
 mod memcached;
 #[cfg(feature = "etcd")]
 mod observer_recovery;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(all(feature = "etcd", feature = "consul"))]

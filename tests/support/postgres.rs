@@ -157,9 +157,10 @@ impl PostgresServer {
         .await
     }
 
-    /// Starts a streaming replica of `primary` (`pg_basebackup -R`: a standby, in
-    /// recovery), and waits until it takes connections.
-    pub async fn replica_of(primary: &PostgresServer) -> Self {
+    /// Starts a streaming replica of the primary at `primary` (`pg_basebackup -R`: a
+    /// standby, in recovery, that streams from that address: a proxy, for a test that cuts
+    /// the replication off), and waits until it takes connections.
+    pub async fn replica_of(primary: SocketAddr) -> Self {
         start_with_retries("postgres replica", || async {
             let dir = server_dir("incumbent-postgres-replica-");
             let data = dir.path().join("data");
@@ -169,9 +170,9 @@ impl PostgresServer {
                     "-D",
                     &data.display().to_string(),
                     "-h",
-                    "127.0.0.1",
+                    &primary.ip().to_string(),
                     "-p",
-                    &primary.addr.port().to_string(),
+                    &primary.port().to_string(),
                     "-U",
                     USER,
                     "-R",

@@ -118,13 +118,13 @@ impl ServerProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Kills the process (and its process group: a server's own children, such as
+    /// Kills the process and its descendants (a server's own children, such as
     /// PostgreSQL's backends) with SIGKILL and reaps it; a no-op when stopped.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-                // SAFETY: kill(2) on the process group our own unreaped child leads.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            for pid in family(child.id()) {
+                // SAFETY: kill(2) on our own unreaped child and its descendants.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             // Fails only if it already exited; `wait` reaps it either way.
             let _ = child.kill();
@@ -132,8 +132,8 @@ impl ServerProcess {
         }
     }
 
-    /// Freezes the process (and its process group) with SIGSTOP: it keeps its sockets but
-    /// answers nothing.
+    /// Freezes the process and its descendants (PostgreSQL's backends, each a process group
+    /// of its own) with SIGSTOP: it keeps its sockets but answers nothing.
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
         // kill(2) returns before every thread has stopped: a request sent at once could
@@ -145,7 +145,7 @@ impl ServerProcess {
         }
     }
 
-    /// Thaws a paused process with SIGCONT.
+    /// Thaws a paused process and its descendants with SIGCONT.
     pub fn resume(&self) {
         self.signal(libc::SIGCONT);
     }
@@ -208,9 +208,14 @@ impl ServerProcess {
         let pid = self
             .pid()
             .unwrap_or_else(|| panic!("{} is not running", self.name));
-        let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
-        // SAFETY: kill(2) on the process group our own unreaped child leads.
-        let rc = unsafe { libc::kill(-pid, signal) };
+        // The process first: a stopped server forks no new children.
+        let root = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+        // SAFETY: kill(2) on our own child, which is not reaped yet.
+        let rc = unsafe { libc::kill(root, signal) };
+        for descendant in family(pid).into_iter().filter(|&p| p != root) {
+            // SAFETY: kill(2) on a descendant of our own child.
+            unsafe { libc::kill(descendant, signal) };
+        }
         assert_eq!(
             rc,
             0,
@@ -267,24 +272,44 @@ fn spawn_tied_to_process(mut command: Command) -> std::io::Result<Child> {
     result.recv().expect("server-spawner thread is gone")
 }
 
-/// Whether every thread of every process of `pid`'s process group is stopped (state `T`
-/// in `/proc/<pid>/task/*/stat`).
+/// Whether every thread of `pid` and of its descendants is stopped (state `T` in
+/// `/proc/<pid>/task/*/stat`).
 fn all_threads_stopped(pid: u32) -> bool {
-    let Ok(processes) = std::fs::read_dir("/proc") else {
-        return threads_stopped(pid);
-    };
-    processes
-        .filter_map(Result::ok)
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&member| member == pid || group_of(member) == Some(pid))
+    family(pid)
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
         .all(threads_stopped)
 }
 
-/// The process group of `pid` (field 5 of `/proc/<pid>/stat`).
-fn group_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    rest.split(' ').nth(2)?.parse().ok()
+/// `pid` and its descendants, read from `/proc/*/stat` (the parent is field 4).
+fn family(pid: u32) -> Vec<libc::pid_t> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(") ")?;
+            Some((child, rest.split(' ').nth(1)?.parse().ok()?))
+        })
+        .collect();
+    let mut family = vec![pid];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(child, _)| *child),
+        );
+        i += 1;
+    }
+    family
+        .into_iter()
+        .filter_map(|p| libc::pid_t::try_from(p).ok())
+        .collect()
 }
 
 /// Whether every thread of `pid` is stopped.
