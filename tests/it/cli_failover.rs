@@ -238,10 +238,13 @@ async fn no_overlap(
     options: &[&str],
     trouble: Trouble,
     limit: Duration,
+    env: &[(&str, &str)],
 ) {
     let dir = tempfile::tempdir().expect("temp dir");
     let pipe = FullPipe::new();
     let mut a_options = options.to_vec();
+    let mut debug = env.to_vec();
+    debug.push(("RUST_LOG", "incumbent=debug"));
     let a = match trouble {
         // Debug lines too, so that there is plenty to write while the pipe is full.
         Trouble::FullStderr => candidate(
@@ -251,18 +254,18 @@ async fn no_overlap(
             &a_options,
             &sleeper(),
             Some(pipe.stdio()),
-            &[("RUST_LOG", "incumbent=debug")],
+            &debug,
         ),
         Trouble::IgnoresSigterm => {
             a_options.extend(["--grace", "30s"]);
-            candidate(&dir, "a", proxied, &a_options, &stubborn(), None, &[])
+            candidate(&dir, "a", proxied, &a_options, &stubborn(), None, env)
         }
     };
     let first = a.first_start(Duration::from_secs(20)).await;
     if matches!(trouble, Trouble::FullStderr) {
         pipe.fill().await;
     }
-    let b = candidate(&dir, "b", direct, options, &sleeper(), None, &[]);
+    let b = candidate(&dir, "b", direct, options, &sleeper(), None, env);
     b.watch(first.pid);
     b.following().await;
     assert!(alive(first.pid), "the leader's command died early");
@@ -297,6 +300,7 @@ async fn etcd_no_overlap(trouble: Trouble) {
         &["--ttl", "2s"],
         trouble,
         Duration::from_secs(20),
+        &[],
     )
     .await;
 }
@@ -314,6 +318,7 @@ async fn consul_no_overlap(trouble: Trouble) {
         &["--ttl", "10s", "--lock-delay", "0s"],
         trouble,
         Duration::from_secs(60),
+        &[],
     )
     .await;
 }
@@ -336,4 +341,157 @@ async fn consul_a_leader_with_a_full_stderr_stops_its_command_before_the_next_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_a_command_that_ignores_sigterm_is_killed_before_the_next_leader_starts() {
     consul_no_overlap(Trouble::IgnoresSigterm).await;
+}
+
+/// The environment of a PostgreSQL candidate: the harness's server trusts user `postgres`.
+#[cfg(feature = "postgres")]
+const PG_ENV: [(&str, &str); 1] = [("PGUSER", crate::support::postgres::USER)];
+
+#[cfg(feature = "postgres")]
+async fn postgres_no_overlap(trouble: Trouble) {
+    let server = crate::support::PostgresServer::start().await;
+    let proxy = Proxy::start(server.addr());
+    let direct = server.url();
+    let proxied = format!("postgres://{}/postgres", proxy.addr());
+    no_overlap(
+        &direct,
+        &proxied,
+        &proxy,
+        &["--ttl", "2s"],
+        trouble,
+        Duration::from_secs(20),
+        &PG_ENV,
+    )
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_leader_with_a_full_stderr_stops_its_command_before_the_next_leader_starts() {
+    postgres_no_overlap(Trouble::FullStderr).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_command_that_ignores_sigterm_is_killed_before_the_next_leader_starts() {
+    postgres_no_overlap(Trouble::IgnoresSigterm).await;
+}
+
+/// Behind PgBouncer in transaction mode (two server connections for everyone, no LISTEN:
+/// followers poll every 500 ms), a kill -9 of the leader's `incumbent run` strands nothing
+/// in the pool: the follower's command starts within the ttl and one poll of the kill, with
+/// a greater token, and the row names it. Session advisory locks, the field's usual recipe,
+/// stay with the pooled server connection until `server_lifetime` (3,600 s here).
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer_a_killed_leader_strands_no_lock() {
+    let server = crate::support::PostgresServer::start().await;
+    let bouncer = crate::support::PgBouncer::transaction_mode(server.addr(), 2).await;
+    let env = [PG_ENV[0], ("INCUMBENT_PG_LISTEN", "off")];
+    let (ttl, poll) = (Duration::from_secs(2), Duration::from_millis(500));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ["--ttl", "2s"];
+    let mut a = candidate(&dir, "a", &bouncer.url(), &options, &sleeper(), None, &env);
+    let first = a.first_start(Duration::from_secs(20)).await;
+    let b = candidate(&dir, "b", &bouncer.url(), &options, &sleeper(), None, &env);
+    b.following().await;
+    let killed = Instant::now();
+    a.process.kill().expect("kill -9 the leader");
+    let second = b.first_start(ttl + poll + Duration::from_secs(10)).await;
+    let took = killed.elapsed();
+    assert!(second.token > first.token, "{second:?} after {first:?}");
+    assert!(
+        took <= ttl + poll + Duration::from_secs(1),
+        "the follower led {took:?} after the kill: a lock stranded in the pool?\n{}",
+        b.log()
+    );
+    let admin = crate::support::postgres::client_at(server.addr()).await;
+    let holder: String = admin
+        .query_one(
+            "SELECT holder FROM incumbent_leases WHERE election = $1",
+            &[&ELECTION],
+        )
+        .await
+        .expect("the row")
+        .get(0);
+    assert!(holder.contains(&second.token.to_string()), "{holder}");
+}
+
+/// libfaketime for multithreaded programs, from Debian's faketime package.
+#[cfg(feature = "postgres")]
+fn libfaketime() -> String {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketimeMT.so.1 not found in /usr/lib/*/faketime; install the test \
+                 dependencies with `{}` (Debian's faketime)",
+                crate::support::bin::INSTALL_HINT
+            )
+        })
+        .display()
+        .to_string()
+}
+
+/// The field's elector compares the application's clock with the database's, and a skewed
+/// host takes the lock early. Here the leader's wall clock runs 5 minutes behind and the
+/// follower's 5 minutes ahead (libfaketime; the monotonic clock untouched, as NTP leaves
+/// it): the follower never starts while the leader lives, and takes over within the ttl
+/// and its margin once the leader is killed, with a greater token.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_candidates_with_skewed_clocks_never_overlap() {
+    let server = crate::support::PostgresServer::start().await;
+    let faketime = libfaketime();
+    let skewed = |offset: &'static str| {
+        vec![
+            PG_ENV[0],
+            ("LD_PRELOAD", faketime.as_str()),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ]
+    };
+    let (behind, ahead) = (skewed("-5m"), skewed("+5m"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ["--ttl", "2s"];
+    let url = server.url();
+    let mut a = candidate(&dir, "a", &url, &options, &sleeper(), None, &behind);
+    let first = a.first_start(Duration::from_secs(20)).await;
+    // The skew is in effect: the leader wrote its term's start by its own wall clock.
+    let admin = crate::support::postgres::client_at(server.addr()).await;
+    let skew_ms: f64 = admin
+        .query_one(
+            "SELECT (holder::jsonb->>'since_unix_ms')::float8 \
+                    - extract(epoch FROM clock_timestamp())::float8 * 1000 \
+               FROM incumbent_leases WHERE election = $1",
+            &[&ELECTION],
+        )
+        .await
+        .expect("the row")
+        .get(0);
+    assert!(
+        (-320_000.0..-280_000.0).contains(&skew_ms),
+        "the leader's clock is {skew_ms} ms off, not 5 minutes behind"
+    );
+    let b = candidate(&dir, "b", &url, &options, &sleeper(), None, &ahead);
+    b.watch(first.pid);
+    b.following().await;
+    // Several ttls: a follower that believed its own clock would have taken over by now.
+    sleep(Duration::from_secs(6)).await;
+    assert!(b.starts().is_empty(), "b started while a led:\n{}", b.log());
+    assert!(alive(first.pid));
+    let killed = Instant::now();
+    a.process.kill().expect("kill -9 the leader");
+    let second = b.first_start(Duration::from_secs(20)).await;
+    let took = killed.elapsed();
+    assert!(second.token > first.token, "{second:?} after {first:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "b led {took:?} after the kill; log:\n{}",
+        b.log()
+    );
 }

@@ -548,3 +548,53 @@ async fn any_backend_from_a_postgres_url_elects() {
         assert!(!error.to_string().contains("secret"), "{error}");
     }
 }
+
+/// TLS to a real server whose certificate a CA made for the test signed: the backend checks
+/// it against the CA file (and the host name), and elections work as over plain TCP,
+/// `LISTEN` included; a CA that did not sign it is refused as a configuration error.
+#[cfg(feature = "postgres-tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_checks_the_server_against_the_ca_file() {
+    use incumbent::postgres::{PostgresConfig, tokio_postgres};
+    let (server, certs) = PostgresServer::with_tls().await;
+    let config = || {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(server.addr().port())
+            .user(crate::support::postgres::USER)
+            .dbname("postgres");
+        PostgresConfig::from(config)
+    };
+    let backend = PostgresBackend::builder(config().ca_file(certs.join("ca.pem")))
+        .connect()
+        .await
+        .expect("connect over TLS");
+    assert!(backend.listening());
+    let mut a = election(&backend, "tls", "a").campaign();
+    elected(&mut a, PATIENCE).await;
+    let admin = server.client().await;
+    let encrypted: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+              WHERE application_name = 'incumbent' AND ssl",
+            &[],
+        )
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert_eq!(
+        encrypted, 2,
+        "the statements' and LISTEN's connections are both TLS"
+    );
+    a.shutdown().await.expect("shutdown");
+    let refused = PostgresBackend::builder(config().ca_file(certs.join("other-ca.pem")))
+        .connect()
+        .await;
+    match refused {
+        Err(Error::InvalidConfig { reason, .. }) => {
+            assert!(reason.contains("PGSSLROOTCERT"), "{reason}");
+        }
+        other => panic!("a server the CA did not sign was not refused: {other:?}"),
+    }
+}

@@ -152,9 +152,60 @@ impl PostgresServer {
                     "--no-instructions",
                 ],
             );
-            Self::spawn(dir, data).await
+            Self::spawn(dir, data, Vec::new()).await
         })
         .await
+    }
+
+    /// Starts a new primary that also takes TLS (`ssl=on`), with a certificate for 127.0.0.1
+    /// signed by a CA made for the test ([`make_certificates`](super::tls::make_certificates):
+    /// `ca.pem`, `other-ca.pem`, `client.pem` and `client.key` in the returned directory).
+    pub async fn with_tls() -> (Self, PathBuf) {
+        let server = start_with_retries("postgres with tls", || async {
+            let dir = server_dir("incumbent-postgres-tls-");
+            let data = dir.path().join("data");
+            let certs = dir.path().join("tls");
+            std::fs::create_dir(&certs).expect("create the certificates' dir");
+            super::tls::make_certificates(&certs);
+            for entry in std::fs::read_dir(&certs).expect("read the certificates' dir") {
+                let path = entry.expect("entry").path();
+                if let Some((uid, gid)) = run_as() {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+                }
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                    .expect("chmod");
+            }
+            run(
+                "initdb",
+                &[
+                    "-D",
+                    &data.display().to_string(),
+                    "-U",
+                    USER,
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+            );
+            let file = |name: &str| certs.join(name).display().to_string();
+            let tls = vec![
+                "-c".into(),
+                "ssl=on".into(),
+                "-c".into(),
+                format!("ssl_cert_file={}", file("server.pem")),
+                "-c".into(),
+                format!("ssl_key_file={}", file("server.key")),
+                "-c".into(),
+                format!("ssl_ca_file={}", file("ca.pem")),
+            ];
+            Self::spawn(dir, data, tls).await
+        })
+        .await;
+        let certs = server.dir.path().join("tls");
+        (server, certs)
     }
 
     /// Starts a streaming replica of the primary at `primary` (`pg_basebackup -R`: a
@@ -181,14 +232,14 @@ impl PostgresServer {
                     "--no-sync",
                 ],
             );
-            Self::spawn(dir, data).await
+            Self::spawn(dir, data, Vec::new()).await
         })
         .await
     }
 
-    async fn spawn(dir: TempDir, data: PathBuf) -> Result<Self, String> {
+    async fn spawn(dir: TempDir, data: PathBuf, more: Vec<String>) -> Result<Self, String> {
         let addr = free_addr();
-        let args = vec![
+        let mut args = vec![
             "-D".into(),
             data.display().to_string(),
             "-p".into(),
@@ -206,6 +257,7 @@ impl PostgresServer {
             "-c".into(),
             "hot_standby=on".into(),
         ];
+        args.extend(more);
         let (program, args) = as_server_user(pg_bin("postgres"), args);
         let probe = TextProbe::start(addr, STARTUP);
         let mut process = ServerProcess::spawn(
