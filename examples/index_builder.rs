@@ -7,6 +7,7 @@
 //! ```text
 //! cargo run --example index_builder
 //! cargo run --example index_builder --features consul -- --backend consul://127.0.0.1:8500
+//! PGUSER=postgres cargo run --example index_builder --features postgres -- --backend postgres://127.0.0.1:5432/postgres
 //! ```
 //!
 //! The first command needs no server: the instances elect through a lock file in a temp
@@ -30,7 +31,14 @@
 //!   implementations: [`FileCheckpoints`] (a JSON file in a shared directory, read, checked
 //!   and replaced while holding an exclusive `flock` on a lock file next to it) and, with
 //!   `--backend consul://…`, `ConsulCheckpoints` (a KV key next to the election's, written
-//!   with `?cas=` the `ModifyIndex` just read, and read again on a conflict).
+//!   with `?cas=` the `ModifyIndex` just read, and read again on a conflict), and with
+//!   `--backend postgres://…`, `PostgresCheckpoints`: a row of the application's own table,
+//!   written in a transaction that [`PostgresBackend::guard`] first ties to the term (it
+//!   checks the lease row's token and locks that row until the commit), so a deposed
+//!   leader's write never commits, and no new term can begin before a write in flight has
+//!   committed.
+//!
+//! [`PostgresBackend::guard`]: https://docs.rs/incumbent/latest/incumbent/postgres/type.PostgresBackend.html#method.guard
 //!
 //! Each instance is this same program, started as
 //! `index_builder candidate NAME ELECTION BACKEND_URL CHECKPOINT_DIR`: it campaigns, builds
@@ -346,15 +354,137 @@ impl Checkpoints for ConsulCheckpoints {
     }
 }
 
-/// The store a run uses: in Consul with a `consul://` backend, else in a shared directory.
+/// The record in a row of the application's own table, next to the lease table. A write is
+/// one transaction: [`guard`](incumbent::postgres::PostgresBackend::guard) with the term's
+/// token (refused once another term has begun, and holding the next one off until the
+/// commit), then the row read `FOR UPDATE`, fenced and written back.
+#[cfg(feature = "postgres")]
+struct PostgresCheckpoints {
+    /// For `guard` only: a second connection of the same backend, which does not campaign.
+    backend: incumbent::postgres::PostgresBackend,
+    client: tokio::sync::Mutex<incumbent::postgres::tokio_postgres::Client>,
+    election: String,
+}
+
+#[cfg(feature = "postgres")]
+impl PostgresCheckpoints {
+    async fn new(url: &BackendUrl, election: &str) -> Result<Self, BoxError> {
+        use incumbent::postgres::{PostgresBackend, tokio_postgres};
+        let backend = PostgresBackend::from_url(&url.to_string())?
+            .listen(false)
+            .connect()
+            .await?;
+        // The application's own connection: the URL's host and database, libpq's user and
+        // password variables, as the backend reads them.
+        let mut config: tokio_postgres::Config = url.to_string().parse()?;
+        if config.get_user().is_none() {
+            let user = std::env::var("PGUSER").or_else(|_| std::env::var("USER"))?;
+            config.user(user);
+        }
+        if let Ok(password) = std::env::var("PGPASSWORD") {
+            config.password(password);
+        }
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS index_builder_checkpoints \
+                 (election text PRIMARY KEY, record text NOT NULL)",
+            )
+            .await?;
+        Ok(PostgresCheckpoints {
+            backend,
+            client: tokio::sync::Mutex::new(client),
+            election: election.to_owned(),
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Checkpoints for PostgresCheckpoints {
+    async fn read(&self) -> Result<Record, String> {
+        let client = self.client.lock().await;
+        let row = client
+            .query_opt(
+                "SELECT record FROM index_builder_checkpoints WHERE election = $1",
+                &[&self.election],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match row {
+            Some(row) => serde_json::from_str(row.get(0)).map_err(|e| e.to_string()),
+            None => Ok(Record::default()),
+        }
+    }
+
+    async fn write(
+        &self,
+        token: u64,
+        change: impl Fn(&mut Record) + Send + Sync + 'static,
+    ) -> Result<(), SaveError> {
+        let store = |e: &dyn std::fmt::Display| SaveError::Store(e.to_string());
+        let mut client = self.client.lock().await;
+        let tx = client.transaction().await.map_err(|e| store(&e))?;
+        match self.backend.guard(&tx, &self.election, token).await {
+            Ok(()) => {}
+            Err(incumbent::Error::NotLeader) => {
+                // Another term has begun: its token is the lease row's.
+                let highest: i64 = tx
+                    .query_one(
+                        "SELECT token FROM incumbent_leases WHERE election = $1",
+                        &[&self.election],
+                    )
+                    .await
+                    .map_err(|e| store(&e))?
+                    .get(0);
+                let highest = u64::try_from(highest).unwrap_or(0);
+                return Err(SaveError::Stale {
+                    ours: token,
+                    highest,
+                });
+            }
+            Err(e) => return Err(store(&e)),
+        }
+        let row = tx
+            .query_opt(
+                "SELECT record FROM index_builder_checkpoints WHERE election = $1 FOR UPDATE",
+                &[&self.election],
+            )
+            .await
+            .map_err(|e| store(&e))?;
+        let mut record = match row {
+            Some(row) => serde_json::from_str(row.get(0)).map_err(|e| store(&e))?,
+            None => Record::default(),
+        };
+        fence(&mut record, token, change)?;
+        let json = serde_json::to_string(&record).map_err(|e| store(&e))?;
+        tx.execute(
+            "INSERT INTO index_builder_checkpoints VALUES ($1, $2) \
+             ON CONFLICT (election) DO UPDATE SET record = EXCLUDED.record",
+            &[&self.election, &json],
+        )
+        .await
+        .map_err(|e| store(&e))?;
+        tx.commit().await.map_err(|e| store(&e))
+    }
+}
+
+/// The store a run uses: in Consul with a `consul://` backend, in PostgreSQL with a
+/// `postgres://` one, else in a shared directory.
 enum Store {
     File(FileCheckpoints),
     #[cfg(feature = "consul")]
     Consul(ConsulCheckpoints),
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresCheckpoints),
 }
 
-fn open_store(url: &BackendUrl, dir: &Path, election: &str) -> Result<Store, BoxError> {
+async fn open_store(url: &BackendUrl, dir: &Path, election: &str) -> Result<Store, BoxError> {
     match url {
+        #[cfg(feature = "postgres")]
+        BackendUrl::Postgres { .. } => Ok(Store::Postgres(
+            PostgresCheckpoints::new(url, election).await?,
+        )),
         #[cfg(feature = "consul")]
         BackendUrl::Consul { address, prefix } => {
             let prefix = prefix
@@ -374,6 +504,11 @@ impl Store {
             Store::File(s) => format!("the file {} (flock)", s.path.display()),
             #[cfg(feature = "consul")]
             Store::Consul(s) => format!("the Consul key {} (cas)", s.key),
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => format!(
+                "a row of index_builder_checkpoints (guarded by the lease of {})",
+                s.election
+            ),
         }
     }
 
@@ -392,6 +527,16 @@ impl Store {
                     let _ = s.client.kv_delete(election_key, None).await;
                 }
             }
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => {
+                let client = s.client.lock().await;
+                let _ = client
+                    .execute(
+                        "DELETE FROM index_builder_checkpoints WHERE election = $1",
+                        &[&s.election],
+                    )
+                    .await;
+            }
         }
     }
 }
@@ -402,6 +547,8 @@ impl Checkpoints for Store {
             Store::File(s) => s.read().await,
             #[cfg(feature = "consul")]
             Store::Consul(s) => s.read().await,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.read().await,
         }
     }
 
@@ -414,6 +561,8 @@ impl Checkpoints for Store {
             Store::File(s) => s.write(token, change).await,
             #[cfg(feature = "consul")]
             Store::Consul(s) => s.write(token, change).await,
+            #[cfg(feature = "postgres")]
+            Store::Postgres(s) => s.write(token, change).await,
         }
     }
 }
@@ -442,7 +591,7 @@ fn report(line: Value) {
 /// Runs one instance of the service, as `index_builder candidate ...` (started by the demo).
 async fn instance(name: &str, election: &str, url: &str, dir: &str) -> Result<(), BoxError> {
     let url: BackendUrl = url.parse()?;
-    let store = open_store(&url, Path::new(dir), election)?;
+    let store = open_store(&url, Path::new(dir), election).await?;
     let instance = Instance {
         name: name.to_owned(),
         election: election.to_owned(),
@@ -634,7 +783,7 @@ async fn run_demo(url: &str) -> Result<(), BoxError> {
     };
     let backend = url.connect(BackendName).await?; // fails early on a missing feature
     std::fs::create_dir_all(&dir)?;
-    let store = open_store(&url, &dir, &election)?;
+    let store = open_store(&url, &dir, &election).await?;
     let location = store.location();
     let run = demo(&url, backend, &election, &dir, &location, &store);
     let outcome = match timeout(DEMO_LIMIT, run).await {
@@ -847,6 +996,7 @@ fn failover_note(backend: &str) -> &'static str {
     match backend {
         "file" => "the kernel releases a dead process's flock at once",
         "consul" => "Consul frees the lock when the session's ttl runs out: 10 to 20 s",
+        "postgres" => "PostgreSQL's lease row runs out a ttl (10 s) after the last renewal",
         _ => "the store frees the lock when the leader's session expires",
     }
 }

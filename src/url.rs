@@ -68,7 +68,8 @@
 //! # TLS
 //!
 //! `etcd+https://` and `consul+https://` (or `https://` endpoints in `ETCDCTL_ENDPOINTS` or
-//! `CONSUL_HTTP_ADDR`) turn TLS on. The certificate files come from [`TlsFiles`] (the CLI's
+//! `CONSUL_HTTP_ADDR`) turn TLS on; for `postgres://`, `PGSSLMODE` or a [`TlsFiles`] file
+//! (which wins over `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY`) does. The certificate files come from [`TlsFiles`] (the CLI's
 //! `--ca-file`, `--cert-file` and `--key-file`) and, for each file not given there, from the
 //! variables above. Precedence, for every setting: what is given directly ([`TlsFiles`], the
 //! CLI's flags) wins over the URL, which wins over the environment; so `etcd://host:port`
@@ -299,8 +300,9 @@ store_form!(
         let (hosts, dbname) = crate::postgres::url::parse(shown, rest)?;
         Ok(BackendUrl::Postgres { hosts, dbname })
     },
-    connect_postgres(code, hosts: &[String], dbname: Option<&str>) {
-        let builder = crate::postgres::url::builder(hosts, dbname.map(str::to_owned), crate::secret::env)?;
+    connect_postgres(code, hosts: &[String], dbname: Option<&str>, tls: &TlsFiles) {
+        let dbname = dbname.map(str::to_owned);
+        let builder = crate::postgres::url::builder(hosts, dbname, tls, crate::secret::env)?;
         Ok(code.call(builder.connect().await?).await)
     }
 );
@@ -484,11 +486,14 @@ impl BackendUrl {
         tls: &TlsFiles,
         code: V,
     ) -> Result<V::Output> {
-        let tls_capable = matches!(self, BackendUrl::Etcd { .. } | BackendUrl::Consul { .. });
+        let tls_capable = matches!(
+            self,
+            BackendUrl::Etcd { .. } | BackendUrl::Consul { .. } | BackendUrl::Postgres { .. }
+        );
         if !tls_capable && !tls.is_empty() {
             return Err(bad(format!(
                 "TLS certificate files were given, but {self} has no TLS; they apply to \
-                 etcd+https:// and consul+https:// only"
+                 etcd+https://, consul+https:// and postgres:// only"
             )));
         }
         match self {
@@ -506,7 +511,7 @@ impl BackendUrl {
             BackendUrl::Redis { address, db, tls } => connect_redis(code, address, *db, *tls).await,
             BackendUrl::Memcached { address } => connect_memcached(code, address).await,
             BackendUrl::Postgres { hosts, dbname } => {
-                connect_postgres(code, hosts, dbname.as_deref()).await
+                connect_postgres(code, hosts, dbname.as_deref(), tls).await
             }
         }
     }

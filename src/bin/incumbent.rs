@@ -150,10 +150,23 @@ host:port or https://host:port [default: http://127.0.0.1:8500]
   INCUMBENT_REDIS_PASSWORD  Redis: the password; when set, wins over REDISCLI_AUTH
   REDISCLI_AUTH             Redis: the password, as redis-cli reads it
   INCUMBENT_REDIS_CA_FILE   Redis over TLS (rediss://): the CA certificates (PEM) to trust
+  PGHOST, PGPORT            PostgreSQL: the hosts (comma-separated) and port of --backend postgres:
+  PGDATABASE                PostgreSQL: the database when the URL names none [default: the user]
+  PGUSER                    PostgreSQL: the user [default: the OS user]
+  PGPASSWORD                PostgreSQL: the password
+  PGPASSFILE                PostgreSQL: the password file, when PGPASSWORD is unset [default: ~/.pgpass]
+  PGSSLMODE                 PostgreSQL: require, verify-ca or verify-full turn TLS on (the \
+certificate and host name always checked)
+  PGSSLROOTCERT             PostgreSQL over TLS: the CA certificate file, unless --ca-file
+  PGSSLCERT, PGSSLKEY       PostgreSQL over TLS: the client certificate and key, unless \
+--cert-file and --key-file
+  INCUMBENT_PG_TABLE        PostgreSQL: the lease table [default: incumbent_leases]
+  INCUMBENT_PG_LISTEN       PostgreSQL: off behind a transaction pooler (PgBouncer), where \
+LISTEN cannot work: followers poll
 
 Precedence: a flag wins over the backend URL, which wins over the environment. --ca-file, \
---cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY and CONSUL_CACERT/CLIENT_CERT/\
-CLIENT_KEY; a URL with a host (etcd://host:port) wins over ETCDCTL_ENDPOINTS and \
+--cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY, CONSUL_CACERT/CLIENT_CERT/\
+CLIENT_KEY and PGSSLROOTCERT/PGSSLCERT/PGSSLKEY (and turn TLS on for postgres://); a URL with a host (etcd://host:port) wins over ETCDCTL_ENDPOINTS and \
 CONSUL_HTTP_ADDR, which only etcd: and consul: read. TLS is on for etcd+https:// and \
 consul+https:// (and https:// addresses in those variables); a plain-HTTP URL ignores the \
 TLS variables and refuses the TLS flags. A certificate that does not check out is a \
@@ -281,7 +294,8 @@ struct Target {
     /// etcd://host:port[,host:port…][/prefix], etcd+https://… (TLS), etcd: (endpoints from
     /// ETCDCTL_ENDPOINTS), consul://host:port[/prefix], consul+https://… (TLS), consul:
     /// (CONSUL_HTTP_ADDR), zk://host:port[,host:port…][/chroot], redis://host:port[/db] (rediss:// for TLS),
-    /// memcached://host:port. Credentials come from the environment, never the URL.
+    /// memcached://host:port, postgres://host[:port][,host[:port]…][/dbname] (postgres: from
+    /// PGHOST). Credentials come from the environment, never the URL.
     #[arg(
         long,
         env = "INCUMBENT_BACKEND",
@@ -293,8 +307,9 @@ struct Target {
     /// The election's name, e.g. jobs/index-builder.
     #[arg(long, value_name = "NAME")]
     election: String,
-    /// The CA certificate (PEM) that signed the store's certificates, for etcd+https:// and
-    /// consul+https:// [default: ETCDCTL_CACERT or CONSUL_CACERT].
+    /// The CA certificate (PEM) that signed the store's certificates, for etcd+https://,
+    /// consul+https:// and postgres:// [default: ETCDCTL_CACERT, CONSUL_CACERT or
+    /// PGSSLROOTCERT].
     #[arg(long, value_name = "FILE")]
     ca_file: Option<PathBuf>,
     /// The client certificate (PEM), for an etcd with --client-cert-auth or a Consul agent
@@ -433,6 +448,7 @@ impl From<incumbent::Error> for Failure {
                 | E::InvalidConfig { .. }
                 | E::Io { .. }
                 | E::Unauthorized { .. }
+                | E::ReadOnly { .. }
         ) {
             Failure::Usage(error.to_string())
         } else {

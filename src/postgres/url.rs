@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{NAME, PostgresBackend, PostgresBuilder, PostgresConfig, Tls};
-use crate::secret::{CREDENTIALS_HINT, bad, split_url, wrong_scheme};
+use crate::secret::{CREDENTIALS_HINT, TlsFiles, bad, split_url, wrong_scheme};
 use crate::{Error, Result};
 
 /// The form, for messages.
@@ -120,18 +120,32 @@ impl PostgresBackend {
             return Err(wrong_scheme(&shown, FORM));
         }
         let (hosts, dbname) = parse(&shown, rest)?;
-        builder(&hosts, dbname, crate::secret::env)
+        builder(&hosts, dbname, &TlsFiles::default(), crate::secret::env)
     }
 }
 
-/// The builder for these hosts and database, with the settings of the environment read
+/// The builder for these hosts and database, with the TLS files of `tls` (each winning over
+/// its libpq variable, and turning TLS on) and the settings of the environment read
 /// through `var`.
 pub(crate) fn builder(
     hosts: &[String],
     dbname: Option<String>,
+    tls: &TlsFiles,
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<PostgresBuilder> {
-    let mut builder = PostgresBackend::builder(config(hosts, dbname, &var)?);
+    let given = |name: &str| {
+        let file = match name {
+            "PGSSLROOTCERT" => &tls.ca,
+            "PGSSLCERT" => &tls.cert,
+            "PGSSLKEY" => &tls.key,
+            "PGSSLMODE" if !tls.is_empty() => return Some("verify-full".to_owned()),
+            _ => return var(name),
+        };
+        file.as_ref()
+            .map(|path| path.display().to_string())
+            .or_else(|| var(name))
+    };
+    let mut builder = PostgresBackend::builder(config(hosts, dbname, &given)?);
     if let Some(table) = var("INCUMBENT_PG_TABLE") {
         builder = builder.table(table);
     }
@@ -384,6 +398,28 @@ mod tests {
         assert!(config_err(&[("PGSSLMODE", "bogus")]).contains("PGSSLMODE"));
         assert!(config_err(&[("PGPORT", "x")]).contains("PGPORT"));
         assert!(config_err(&[("PGSSLMODE", "require"), ("PGSSLCERT", "c")]).contains("PGSSLKEY"));
+    }
+
+    #[test]
+    fn tls_files_given_directly_win_over_the_variables_and_turn_tls_on() {
+        let files = TlsFiles {
+            ca: Some("/given/ca.pem".into()),
+            ..TlsFiles::default()
+        };
+        let built = builder(
+            &["h".into()],
+            None,
+            &files,
+            vars(&[("PGSSLROOTCERT", "/env/ca.pem"), ("PGUSER", "u")]),
+        );
+        #[cfg(feature = "postgres-tls")]
+        {
+            let shown = format!("{:?}", built.expect("builder"));
+            assert!(shown.contains("/given/ca.pem"), "{shown}");
+            assert!(!shown.contains("/env/ca.pem"), "{shown}");
+        }
+        #[cfg(not(feature = "postgres-tls"))]
+        assert!(built.is_err());
     }
 
     fn config_err(pairs: &[(&str, &str)]) -> String {

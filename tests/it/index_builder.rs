@@ -31,6 +31,7 @@ fn index_builder() -> PathBuf {
             ("etcd", cfg!(feature = "etcd")),
             ("etcd-tls", cfg!(feature = "etcd-tls")),
             ("consul", cfg!(feature = "consul")),
+            ("postgres", cfg!(feature = "postgres")),
             ("axum", cfg!(feature = "axum")),
             ("cli", cfg!(feature = "cli")),
         ]
@@ -62,10 +63,12 @@ fn index_builder() -> PathBuf {
     .clone()
 }
 
-/// Runs the demo with `args`; returns its timeline and its closing summary.
-async fn run_demo(args: &[&str]) -> (String, Value) {
+/// Runs the demo with `args` and the variables `env`; returns its timeline and its closing
+/// summary.
+async fn run_demo(args: &[&str], env: &[(&str, &str)]) -> (String, Value) {
     let run = Command::new(index_builder())
         .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -140,7 +143,7 @@ fn assert_the_story(timeline: &str, summary: &Value) {
 
 #[tokio::test]
 async fn on_the_file_backend_the_next_leader_resumes_and_a_stale_write_is_refused() {
-    let (timeline, summary) = run_demo(&[]).await;
+    let (timeline, summary) = run_demo(&[], &[]).await;
     assert!(timeline.contains("elect on file://"), "{timeline}");
     assert!(timeline.contains("(flock)"), "{timeline}");
     assert_the_story(&timeline, &summary);
@@ -151,7 +154,17 @@ async fn on_the_file_backend_the_next_leader_resumes_and_a_stale_write_is_refuse
 async fn on_consul_the_next_leader_resumes_and_a_stale_write_is_refused() {
     let consul = crate::support::ConsulDev::start().await;
     let url = format!("consul://{}", consul.http_addr());
-    let (timeline, summary) = run_demo(&["--backend", &url]).await;
+    let (timeline, summary) = run_demo(&["--backend", &url], &[]).await;
     assert!(timeline.contains("the Consul key"), "{timeline}");
+    assert_the_story(&timeline, &summary);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn on_postgres_the_next_leader_resumes_and_a_deposed_leaders_guarded_write_is_refused() {
+    let server = crate::support::PostgresServer::start().await;
+    let env = [("PGUSER", crate::support::postgres::USER)];
+    let (timeline, summary) = run_demo(&["--backend", &server.url()], &env).await;
+    assert!(timeline.contains("index_builder_checkpoints"), "{timeline}");
     assert_the_story(&timeline, &summary);
 }

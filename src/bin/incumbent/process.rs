@@ -65,6 +65,8 @@ pub const CREDENTIAL_VARIABLES: &[&str] = &[
     "CONSUL_HTTP_AUTH",
     "INCUMBENT_ZK_AUTH",
     "REDISCLI_AUTH",
+    "PGPASSWORD",
+    "PGPASSFILE",
 ];
 
 /// Prefixes of further variables of the same kind (the store settings `incumbent` reads).
@@ -73,6 +75,7 @@ const CREDENTIAL_PREFIXES: &[&str] = &[
     "INCUMBENT_CONSUL_",
     "INCUMBENT_ZK_",
     "INCUMBENT_REDIS_",
+    "INCUMBENT_PG_",
 ];
 
 /// The variables of this process's environment that the command must not inherit: read once,
