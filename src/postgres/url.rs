@@ -145,7 +145,7 @@ pub(crate) fn builder(
             .map(|path| path.display().to_string())
             .or_else(|| var(name))
     };
-    let mut builder = PostgresBackend::builder(config(hosts, dbname, &given)?);
+    let mut builder = PostgresBackend::builder(config(hosts, dbname, given)?);
     if let Some(table) = var("INCUMBENT_PG_TABLE") {
         builder = builder.table(table);
     }
