@@ -23,7 +23,7 @@
 //! use std::time::Duration;
 //! use incumbent::{AnyBackend, Election};
 //!
-//! // "file:" for processes of one host; etcd://, consul://, zk://, redis://, memcached://
+//! // "file:" for processes of one host; etcd://, consul://, zk://, postgres://, redis://, memcached://
 //! // for a store; "memory:" within one process, as here.
 //! let backend = AnyBackend::connect("memory:").await?;
 //! let election = Election::builder(backend, "jobs/index-builder")
@@ -190,6 +190,7 @@
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
 //! | `zookeeper` | `zookeeper` | a ZooKeeper session, ephemeral sequential candidate nodes, predecessor watches, czxid tokens; disconnected (suspended) vs expired sessions |
 //! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |
+//! | [`postgres`] | `postgres` | a lease row per election, one statement per step and no session state (PgBouncer's transaction mode works), expiry on the database's clock, tokens that survive an asynchronous failover, `LISTEN`/`NOTIFY` or polling, [`guard`](postgres::PostgresBackend::guard) for writes in your own transaction |
 //! | `memcached` | `memcached` | `add`/`gets`+`cas` on one key, an `incr` counter, polling; **best effort only**: eviction or a restart loses the lock (see its module docs) |
 //!
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend

@@ -5,6 +5,7 @@
 //! cargo bench --bench failover -- memory file            # only these sections
 //! cargo bench --bench failover --all-features -- etcd consul
 //! cargo bench --bench failover --features redis,memcached -- redis memcached
+//! cargo bench --bench failover --features postgres -- postgres
 //! ```
 //!
 //! Each section prints medians and p99s over many rounds, measured in this one run, so the
@@ -22,8 +23,10 @@ mod consul;
 mod etcd;
 #[cfg(feature = "memcached")]
 mod memcached;
-#[cfg(any(feature = "redis", feature = "memcached"))]
+#[cfg(any(feature = "redis", feature = "memcached", feature = "postgres"))]
 mod polled;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "zookeeper")]
@@ -82,6 +85,12 @@ async fn main() {
         let section = Instant::now();
         memcached::run().await;
         common::took("memcached", section);
+    }
+    #[cfg(feature = "postgres")]
+    if wanted("postgres") {
+        let section = Instant::now();
+        postgres::run().await;
+        common::took("postgres", section);
     }
     println!();
     common::took("the whole run", run);

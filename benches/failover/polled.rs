@@ -1,4 +1,4 @@
-//! What the Redis and memcached sections share: hand-offs at a random phase of the
+//! What the Redis, memcached and PostgreSQL sections share: hand-offs at a random phase of the
 //! follower's poll, crash failover, and the idle request rate read from the server.
 
 use std::future::Future;
