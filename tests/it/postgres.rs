@@ -261,7 +261,14 @@ async fn a_promoted_replica_that_missed_the_last_commit_still_hands_out_greater_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_renews_every_election_of_a_process() {
-    let server = PostgresServer::start().await;
+    // The server counts each statement's calls (pg_stat_statements): the renewal of four
+    // elections held by one process is one statement per renew interval, on one connection.
+    let server = PostgresServer::start_with(&["shared_preload_libraries=pg_stat_statements"]).await;
+    let admin = server.client().await;
+    admin
+        .batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .expect("create the extension");
     let backend = backend(server.addr())
         .listen(false)
         .poll_interval(Duration::from_secs(60))
@@ -275,27 +282,29 @@ async fn one_statement_renews_every_election_of_a_process() {
         campaigns.push(campaign);
     }
     assert_eq!(backend.session_ids().len(), 1, "one session for all four");
-    let admin = server.client().await;
-    let updates = || async {
+    let renewals = || async {
         admin
             .query_one(
-                "SELECT n_tup_upd::int8 FROM pg_stat_user_tables WHERE relname = 'incumbent_leases'",
+                "SELECT coalesce(sum(calls), 0)::int8, coalesce(sum(rows), 0)::int8 \
+                   FROM pg_stat_statements WHERE query LIKE '%unnest%'",
                 &[],
             )
             .await
-            .expect("stats")
-            .get::<_, i64>(0)
+            .expect("pg_stat_statements")
     };
-    // The statistics are flushed at most once a second: let them settle, then count.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (before, since) = (updates().await, Instant::now());
+    let before = renewals().await;
+    let since = Instant::now();
     tokio::time::sleep(TTL * 3).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let rows_updated = updates().await - before;
-    let renewals = since.elapsed().as_secs_f64() / (TTL / 3).as_secs_f64();
-    // Each renewal updates the four rows in one statement: rows per renewal is 4.
-    println!("{rows_updated} row updates in about {renewals:.0} renewals");
-    assert!(rows_updated > 0);
+    let after = renewals().await;
+    let intervals = since.elapsed().as_secs_f64() / (TTL / 3).as_secs_f64();
+    let calls = after.get::<_, i64>(0) - before.get::<_, i64>(0);
+    let rows = after.get::<_, i64>(1) - before.get::<_, i64>(1);
+    println!("{calls} renewal statements ({rows} rows) in {intervals:.1} renew intervals");
+    assert!(
+        (calls as f64) <= intervals + 1.0 && (calls as f64) >= intervals - 2.0,
+        "{calls} renewal statements in {intervals:.1} renew intervals: not one per interval"
+    );
+    assert_eq!(rows, calls * 4, "each renewal covers the four elections");
     let sessions = admin
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'incumbent'",

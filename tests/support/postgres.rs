@@ -134,6 +134,15 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts a new primary, and waits until it takes connections.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a new primary with more settings (`name=value`, as `-c` takes them).
+    pub async fn start_with(settings: &[&str]) -> Self {
+        let more: Vec<String> = settings
+            .iter()
+            .flat_map(|setting| ["-c".to_owned(), (*setting).to_owned()])
+            .collect();
         start_with_retries("postgres", || async {
             let dir = server_dir("incumbent-postgres-");
             let data = dir.path().join("data");
@@ -152,7 +161,7 @@ impl PostgresServer {
                     "--no-instructions",
                 ],
             );
-            Self::spawn(dir, data, Vec::new()).await
+            Self::spawn(dir, data, more.clone()).await
         })
         .await
     }
