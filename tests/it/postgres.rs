@@ -226,7 +226,16 @@ async fn a_promoted_replica_that_missed_the_last_commit_still_hands_out_greater_
     let first = term(primary.addr(), "a").await;
     let standby = client_at(replica.addr()).await;
     let replicated = tokio::time::timeout(PATIENCE, async {
-        while row(&standby, "failover").await.map(|(_, t)| t) != i64::try_from(first).ok() {
+        // Until the standby has replayed the table's creation, the read fails.
+        let token = "SELECT token FROM incumbent_leases WHERE election = 'failover'";
+        while standby
+            .query_opt(token, &[])
+            .await
+            .ok()
+            .flatten()
+            .map(|row| row.get::<_, i64>(0))
+            != i64::try_from(first).ok()
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
