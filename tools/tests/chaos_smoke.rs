@@ -113,6 +113,13 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             false,
             vec![Fault::PromoteReplica, Fault::PromoteReplica],
         ),
+        // The whole server frozen (the postmaster and every backend), a restart on the same
+        // data, a kill: the lease rows survive, the leader fences itself.
+        (
+            Backend::Postgres,
+            false,
+            vec![Fault::StorePause, Fault::StoreRestart, Fault::Kill9],
+        ),
     ]
 }
 
