@@ -111,6 +111,8 @@ enum Command {
     Resign {
         reason: DemotionReason,
         done: oneshot::Sender<()>,
+        /// How long not to campaign afterwards ([`CampaignHandle::resign_for`]).
+        yield_for: Option<Duration>,
     },
     Shutdown {
         done: Option<oneshot::Sender<()>>,
@@ -180,6 +182,11 @@ impl Campaign {
         self.handle.resign().await
     }
 
+    /// See [`CampaignHandle::resign_for`].
+    pub async fn resign_for(&self, duration: Duration) -> Result<()> {
+        self.handle.resign_for(duration).await
+    }
+
     /// See [`CampaignHandle::proclaim`].
     pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {
         self.handle.proclaim(metadata).await
@@ -221,11 +228,31 @@ impl CampaignHandle {
         self.resign_because(DemotionReason::Resigned).await
     }
 
+    /// Steps down as [`resign`](Self::resign) does, and does not campaign again for
+    /// `duration`, so that this candidate cannot win straight back: a follower leaves the
+    /// line at once (its claim is withdrawn from the store) and a leader after its release;
+    /// either campaigns again when `duration` has passed. Meanwhile the status says
+    /// [`Role::CoolingDown`] until then. A second call extends the wait, never shortens it;
+    /// a shutdown ends it. Returns once the lock is released (a leader) or the claim is
+    /// withdrawn (a follower). Errors with [`Error::Stopped`] if the campaign has stopped.
+    pub async fn resign_for(&self, duration: Duration) -> Result<()> {
+        self.send_resign(DemotionReason::Resigned, Some(duration))
+            .await
+    }
+
     pub(crate) async fn resign_because(&self, reason: DemotionReason) -> Result<()> {
+        self.send_resign(reason, None).await
+    }
+
+    async fn send_resign(&self, reason: DemotionReason, yield_for: Option<Duration>) -> Result<()> {
         let (done, wait) = oneshot::channel();
         self.shared
             .commands
-            .send(Command::Resign { reason, done })
+            .send(Command::Resign {
+                reason,
+                done,
+                yield_for,
+            })
             .map_err(|_| Error::Stopped)?;
         wait.await.map_err(|_| Error::Stopped)
     }
@@ -309,6 +336,7 @@ pub(crate) fn spawn<B: Backend>(
         inbox: Inbox {
             commands,
             shutdown_waiters: Vec::new(),
+            yield_until: None,
         },
         status,
         subscribers,
@@ -436,6 +464,9 @@ enum Pursuit<C> {
     Won(C, FencingToken),
     /// The session is lost or cannot be trusted: open a new one.
     SessionLost,
+    /// A resign asked this candidate not to campaign until [`Inbox::yield_until`]; its claim
+    /// is withdrawn.
+    Yield,
     Stop,
 }
 
@@ -466,12 +497,18 @@ struct TermEnd {
 enum Interrupt {
     Shutdown,
     SessionLost,
+    /// A resign asked not to campaign for a while ([`Inbox::yield_until`]); only while the
+    /// candidate has a claim in the store (a wait given the session's fence).
+    Yield,
 }
 
 /// The campaign's commands, and who waits for its shutdown.
 struct Inbox {
     commands: QueueReceiver<Command>,
     shutdown_waiters: Vec<oneshot::Sender<()>>,
+    /// Until when a resign asked this candidate not to campaign
+    /// ([`CampaignHandle::resign_for`]).
+    yield_until: Option<Instant>,
 }
 
 impl Inbox {
@@ -489,7 +526,8 @@ impl Inbox {
             tokio::select! {
                 biased;
                 command = self.commands.recv() => {
-                    if let Some(interrupt) = self.answer_while_not_leading(command) {
+                    let pursuing = fence.is_some();
+                    if let Some(interrupt) = self.answer_while_not_leading(command, pursuing) {
                         return Err(interrupt);
                     }
                 }
@@ -500,12 +538,21 @@ impl Inbox {
     }
 
     /// Answers a command that arrives while not leading: a resign has nothing to give up, a
-    /// proclaim no term to update; a shutdown interrupts.
-    fn answer_while_not_leading(&mut self, command: Option<Command>) -> Option<Interrupt> {
+    /// proclaim no term to update; a shutdown interrupts, and so does a resign that asks to
+    /// yield, while `pursuing` (the candidate has a claim to withdraw).
+    fn answer_while_not_leading(
+        &mut self,
+        command: Option<Command>,
+        pursuing: bool,
+    ) -> Option<Interrupt> {
         match command {
-            Some(Command::Resign { done, .. }) => {
+            Some(Command::Resign {
+                done, yield_for, ..
+            }) => {
                 let _ = done.send(());
-                None
+                let yield_for = yield_for?;
+                self.yield_for(yield_for);
+                pursuing.then_some(Interrupt::Yield)
             }
             Some(Command::Shutdown { done }) => {
                 self.shutdown_waiters.extend(done);
@@ -517,6 +564,26 @@ impl Inbox {
             }
             None => Some(Interrupt::Shutdown),
         }
+    }
+}
+
+impl Inbox {
+    /// Not to campaign for `duration` from now, or until a later instant already asked.
+    fn yield_for(&mut self, duration: Duration) {
+        let until = Instant::now() + duration;
+        self.yield_until = Some(self.yield_until.map_or(until, |u| u.max(until)));
+    }
+
+    /// How long this candidate is still asked not to campaign, if at all.
+    fn yielding(&mut self) -> Option<Duration> {
+        let left = self
+            .yield_until?
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero());
+        if left.is_none() {
+            self.yield_until = None;
+        }
+        left
     }
 }
 
@@ -611,7 +678,8 @@ impl<B: Backend> Engine<B> {
                     } else {
                         close_in_background(current);
                     }
-                    let delay = self.config.backoff.delay(self.quick_losses);
+                    let backoff = self.config.backoff.delay(self.quick_losses);
+                    let delay = self.inbox.yielding().map_or(backoff, |y| y.max(backoff));
                     self.quick_losses = match won_at.elapsed() < self.config.ttl {
                         true => self.quick_losses.saturating_add(1),
                         false => 0,
@@ -629,6 +697,13 @@ impl<B: Backend> Engine<B> {
                         reason: "the session was lost; opening a new one".into(),
                     };
                     let delay = self.failed(&error);
+                    if self.cool_down(delay).await.is_err() {
+                        break;
+                    }
+                }
+                Pursuit::Yield => {
+                    session = Some(current);
+                    let delay = self.inbox.yielding().unwrap_or_default();
                     if self.cool_down(delay).await.is_err() {
                         break;
                     }
@@ -706,6 +781,9 @@ impl<B: Backend> Engine<B> {
 
     /// Everything before winning: try to acquire, wait for a change, repeat.
     async fn pursue(&mut self, session: &B::Session) -> Pursuit<ContenderOf<B>> {
+        if self.inbox.yielding().is_some() {
+            return Pursuit::Yield;
+        }
         let mut contender = match session
             .contend(&self.config.name, &self.config.candidate)
             .await
@@ -734,6 +812,7 @@ impl<B: Backend> Engine<B> {
                 Ok(attempt) => attempt,
                 Err(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Err(Interrupt::SessionLost) => return Pursuit::SessionLost,
+                Err(Interrupt::Yield) => return Box::pin(self.step_aside(contender)).await,
             };
             let interrupt = match attempt {
                 Ok(Attempt::Won { fencing_token }) => {
@@ -785,6 +864,7 @@ impl<B: Backend> Engine<B> {
                 None => {}
                 Some(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Some(Interrupt::SessionLost) => return Pursuit::SessionLost,
+                Some(Interrupt::Yield) => return Box::pin(self.step_aside(contender)).await,
             }
         }
     }
@@ -915,8 +995,15 @@ impl<B: Backend> Engine<B> {
             tokio::select! {
                 biased;
                 command = self.inbox.commands.recv() => match command {
-                    Some(Command::Resign { reason, done }) => {
+                    Some(Command::Resign {
+                        reason,
+                        done,
+                        yield_for,
+                    }) => {
                         resign_done = Some(done);
+                        if let Some(yield_for) = yield_for {
+                            self.inbox.yield_for(yield_for);
+                        }
                         break (reason, None);
                     }
                     Some(Command::Shutdown { done }) => {
@@ -1090,6 +1177,14 @@ impl<B: Backend> Engine<B> {
     async fn withdraw(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
         Pursuit::Stop
+    }
+
+    /// Withdraws the claim for a yield ([`CampaignHandle::resign_for`]): the candidate leaves
+    /// the line (or a lock it won meanwhile), and campaigns again when the yield ends.
+    async fn step_aside(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
+        tracing::info!("resigned for a while: withdrawing the claim");
+        let _ = timeout(self.config.renew_deadline, contender.release()).await;
+        Pursuit::Yield
     }
 
     /// Sleeps until `until`, as [`Role::CoolingDown`], unless interrupted.

@@ -115,6 +115,12 @@ impl Runner {
         self.handle.resign().await
     }
 
+    /// Steps down as [`resign`](Self::resign) does, and does not campaign again for
+    /// `duration`. See [`CampaignHandle::resign_for`].
+    pub async fn resign_for(&self, duration: std::time::Duration) -> Result<()> {
+        self.handle.resign_for(duration).await
+    }
+
     /// Sets the metadata others read while this candidate leads. See
     /// [`CampaignHandle::proclaim`].
     pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {

@@ -59,5 +59,6 @@ mod redis;
 #[cfg(all(feature = "etcd", feature = "consul"))]
 mod renewal;
 mod state_machine;
+mod yielding;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
