@@ -6,7 +6,7 @@
 //!                   [--fail-after DUR] [--pass-credentials] -- CMD [ARG]…
 //! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
 //! incumbent observe [--backend URL] --election NAME [--json] [--fail-after DUR]
-//! incumbent resign  [--backend URL] --election NAME [--timeout DUR]
+//! incumbent resign  [--backend URL] --election NAME [--timeout DUR] [--yield DUR]
 //! global options:   [--log-format text|json] [--quiet]
 //! ```
 //!
@@ -60,6 +60,9 @@
 //! again), which is what `incumbent resign`, run on the leader's host, sends, but only after
 //! checking that the pid is an `incumbent run` of this election on this backend that was
 //! started before the term began (Linux), since anyone who can write the store chooses it.
+//! With `--yield DUR`, the signal carries DUR in milliseconds as its queued value
+//! (`sigqueue`, through the pidfd): the leader resigns and does not campaign again for that
+//! long (`CampaignHandle::resign_for`), so another candidate leads meanwhile.
 //!
 //! The backend comes from `--backend` or `INCUMBENT_BACKEND` (default `file:`, the default lock
 //! directory): see `incumbent::url`. Credentials come only from the environment.
@@ -406,6 +409,11 @@ struct ResignArgs {
     /// How long to wait for the leader to step down.
     #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "10s")]
     timeout: Duration,
+    /// Also keep the leader from campaigning again for this long (e.g. 5m), so that it
+    /// cannot win straight back: another candidate leads meanwhile, and it follows again
+    /// afterwards. At most 24h.
+    #[arg(long = "yield", value_name = "DUR", value_parser = duration::parse)]
+    yield_for: Option<Duration>,
 }
 
 /// Why the program failed, and so its exit code.
@@ -659,7 +667,14 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                     out: out.clone(),
                 },
                 backend: url.url.clone(),
+                yield_for: args.yield_for,
             };
+            if args.yield_for.is_some_and(|y| y > run::MAX_YIELD) {
+                return Err(Failure::Usage(format!(
+                    "--yield is at most {}",
+                    humantime::format_duration(run::MAX_YIELD)
+                )));
+            }
             connect(&url, &resign, patience, began, &out).await?
         }
     }

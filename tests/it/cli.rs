@@ -459,6 +459,53 @@ fn resign_hands_leadership_to_the_follower() {
 }
 
 #[test]
+fn resign_with_yield_keeps_the_old_leader_from_winning_straight_back() {
+    // a leads, b follows; `incumbent resign --yield 4s` hands over to b; b is killed at
+    // once (the file backend frees its lock that instant), and still a does not lead
+    // before its 4 s have passed; then it does, with a greater token.
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate("a");
+    let first = a.start(1);
+    let b = sandbox.candidate("b");
+    b.following();
+    let asked = Instant::now();
+    let resign = sandbox.output(&["resign", "--election", ELECTION, "--yield", "4s"]);
+    let stdout = String::from_utf8_lossy(&resign.stdout);
+    assert_eq!(
+        resign.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&resign.stderr)
+    );
+    assert!(stdout.contains("not to campaign again for 4s"), "{stdout}");
+    let second = b.start(1);
+    assert!(second.token > first.token);
+    signal(b.pid(), libc::SIGKILL);
+    let third = a.start(2);
+    let took = asked.elapsed();
+    assert!(
+        took >= Duration::from_millis(3900),
+        "a led again {took:?} after resigning for 4 s; log:\n{}",
+        a.log()
+    );
+    assert!(third.token > second.token);
+    assert!(
+        a.log().contains("not campaigning again for 4s"),
+        "{}",
+        a.log()
+    );
+}
+
+#[test]
+fn resign_refuses_a_yield_above_a_day() {
+    let sandbox = Sandbox::new();
+    let output = sandbox.output(&["resign", "--election", ELECTION, "--yield", "2d"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--yield is at most"), "{stderr}");
+}
+
+#[test]
 fn resign_without_a_leader_fails_with_exit_code_1() {
     let sandbox = Sandbox::new();
     let output = sandbox.output(&["resign", "--election", ELECTION]);

@@ -346,6 +346,8 @@ pub struct Resign {
     pub query: Query,
     /// The backend, as given: the leader's process must use the same.
     pub backend: BackendUrl,
+    /// How long the leader must not campaign again (`--yield`), queued with the signal.
+    pub yield_for: Option<std::time::Duration>,
 }
 
 impl WithBackend for Resign {
@@ -398,7 +400,10 @@ impl WithBackend for Resign {
                 "refusing to signal pid {pid}, which the leader {id} names in the store: {why}"
             )));
         }
-        if let Err(error) = process.signal(libc::SIGUSR1) {
+        let yield_ms = self
+            .yield_for
+            .map(|y| u64::try_from(y.as_millis()).unwrap_or(u64::MAX).max(1));
+        if let Err(error) = process.signal_with(libc::SIGUSR1, yield_ms) {
             return Err(Failure::Runtime(format!(
                 "cannot signal the leader {id} (pid {pid}): {error}{}",
                 if error.raw_os_error() == Some(libc::EPERM) {
@@ -408,7 +413,13 @@ impl WithBackend for Resign {
                 }
             )));
         }
-        print(&format!("asked {id} (pid {pid} on {host}) to resign"));
+        match self.yield_for {
+            Some(yield_for) => print(&format!(
+                "asked {id} (pid {pid} on {host}) to resign and not to campaign again for {}",
+                human(yield_for)
+            )),
+            None => print(&format!("asked {id} (pid {pid} on {host}) to resign")),
+        };
         let moved = timeout(deadline.saturating_duration_since(Instant::now()), async {
             loop {
                 match observer.next().await {
@@ -611,6 +622,68 @@ impl LeaderProcess {
             );
         }
         Ok(())
+    }
+
+    /// Sends `signal` to the process with `value` queued alongside (`SI_QUEUE`, as
+    /// `sigqueue(3)`), through its pidfd where there is one; without a value, a plain signal.
+    fn signal_with(&self, signal: libc::c_int, value: Option<u64>) -> std::io::Result<()> {
+        let Some(value) = value else {
+            return self.signal(signal);
+        };
+        #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+        if let Some(pidfd) = &self.pidfd {
+            use std::os::fd::AsRawFd;
+            /// `siginfo_t` as the kernel reads a queued signal on 64-bit Linux: the signal,
+            /// errno, code, then (at 16) the sender's pid and uid and (at 24) the value;
+            /// 128 bytes in all.
+            #[repr(C)]
+            struct Queued {
+                signo: libc::c_int,
+                errno: libc::c_int,
+                code: libc::c_int,
+                _pad: libc::c_int,
+                pid: libc::pid_t,
+                uid: libc::uid_t,
+                value: usize,
+                _rest: [u8; 96],
+            }
+            let info = Queued {
+                signo: signal,
+                errno: 0,
+                code: libc::SI_QUEUE,
+                _pad: 0,
+                // SAFETY: getpid and getuid have no preconditions.
+                pid: unsafe { libc::getpid() },
+                uid: unsafe { libc::getuid() },
+                value: usize::try_from(value).unwrap_or(usize::MAX),
+                _rest: [0; 96],
+            };
+            // SAFETY: pidfd_send_signal reads 128 bytes of siginfo from `info`, which is
+            // that size; the descriptor is ours.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    signal,
+                    &info as *const Queued,
+                    0,
+                )
+            };
+            return if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            };
+        }
+        let sigval = libc::sigval {
+            sival_ptr: usize::try_from(value).unwrap_or(usize::MAX) as *mut libc::c_void,
+        };
+        // SAFETY: sigqueue has no memory-safety preconditions; `pid > 1` (see `open`).
+        if unsafe { libc::sigqueue(self.pid, signal, sigval) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
     }
 
     /// Sends `signal` to the process (through its pidfd where there is one).

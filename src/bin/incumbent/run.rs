@@ -53,6 +53,31 @@ pub const RESIGN_KEY: &str = "resign";
 /// Its value: the signal `incumbent run` handles as "resign".
 pub const RESIGN_SIGNAL: &str = "SIGUSR1";
 
+/// The longest `incumbent resign --yield` accepted.
+pub const MAX_YIELD: Duration = Duration::from_secs(86_400);
+
+/// The value queued with the last SIGUSR1 (`incumbent resign --yield`: milliseconds not to
+/// campaign again), 0 for a plain signal; stored by a signal action, taken by the loop.
+static QUEUED_YIELD_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Registers the action that keeps SIGUSR1's queued value, before tokio's own: actions run
+/// in the order they were registered, so the value is stored when tokio's stream wakes.
+fn keep_queued_values() -> std::io::Result<()> {
+    // SAFETY: the action only reads the siginfo and stores into an atomic, which is
+    // async-signal-safe.
+    unsafe {
+        signal_hook_registry::register_sigaction(libc::SIGUSR1, |info: &libc::siginfo_t| {
+            let value = if info.si_code == libc::SI_QUEUE {
+                info.si_value().sival_ptr as usize as u64
+            } else {
+                0
+            };
+            QUEUED_YIELD_MS.store(value, std::sync::atomic::Ordering::SeqCst);
+        })?;
+    }
+    Ok(())
+}
+
 /// The settings of one `incumbent run`.
 #[derive(Clone)]
 pub struct Run {
@@ -156,8 +181,8 @@ struct Signals {
 enum Received {
     /// SIGINT, SIGTERM or SIGHUP (the terminal went away): shut down.
     Stop(&'static str),
-    /// SIGUSR1: resign.
-    Resign,
+    /// SIGUSR1: resign, and with a queued value, do not campaign again for that long.
+    Resign(Option<Duration>),
 }
 
 impl Signals {
@@ -166,7 +191,10 @@ impl Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
-            resign: signal(SignalKind::user_defined1())?,
+            resign: {
+                keep_queued_values()?;
+                signal(SignalKind::user_defined1())?
+            },
         })
     }
 
@@ -175,7 +203,11 @@ impl Signals {
             Some(()) = self.interrupt.recv() => Received::Stop("SIGINT"),
             Some(()) = self.terminate.recv() => Received::Stop("SIGTERM"),
             Some(()) = self.hangup.recv() => Received::Stop("SIGHUP"),
-            Some(()) = self.resign.recv() => Received::Resign,
+            Some(()) = self.resign.recv() => {
+                let ms = QUEUED_YIELD_MS.swap(0, std::sync::atomic::Ordering::SeqCst);
+                let ms = ms.min(u64::try_from(MAX_YIELD.as_millis()).unwrap_or(u64::MAX));
+                Received::Resign((ms > 0).then(|| Duration::from_millis(ms)))
+            }
             // The signal driver is gone only when the runtime shuts down.
             else => std::future::pending().await,
         }
@@ -514,18 +546,41 @@ impl Supervisor {
                     json!({ "signal": name, "pids": pids }),
                 );
             }
-            Received::Resign
+            Received::Resign(yield_for)
                 if (state.running.is_some() || state.pending.is_some()) && !state.shutting_down =>
             {
                 let handle = handle.clone();
-                tokio::spawn(async move { handle.resign().await });
+                tokio::spawn(async move {
+                    match yield_for {
+                        Some(yield_for) => handle.resign_for(yield_for).await,
+                        None => handle.resign().await,
+                    }
+                });
+                let message = match yield_for {
+                    Some(y) => {
+                        format!("SIGUSR1: resigning; not campaigning again for {}", human(y))
+                    }
+                    None => "SIGUSR1: resigning".to_owned(),
+                };
                 self.out.event(
                     "resigning",
-                    "SIGUSR1: resigning",
-                    json!({ "signal": "SIGUSR1" }),
+                    &message,
+                    json!({ "signal": "SIGUSR1", "yield_ms": yield_for.map(millis) }),
                 );
             }
-            Received::Resign => {
+            Received::Resign(Some(yield_for)) if !state.shutting_down => {
+                let handle = handle.clone();
+                tokio::spawn(async move { handle.resign_for(yield_for).await });
+                self.out.event(
+                    "resigning",
+                    &format!(
+                        "SIGUSR1: not leading; not campaigning again for {}",
+                        human(yield_for)
+                    ),
+                    json!({ "signal": "SIGUSR1", "yield_ms": millis(yield_for) }),
+                );
+            }
+            Received::Resign(_) => {
                 self.out.event(
                     "resigning",
                     "SIGUSR1: not leading; nothing to resign",
