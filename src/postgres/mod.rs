@@ -724,6 +724,10 @@ impl PolledBuilder<Settings> {
     }
 }
 
+/// The advisory lock that serializes the creation of lease tables (any number, any
+/// database): an arbitrary constant, "incumbent" in ASCII.
+const CREATE_LOCK: i64 = 0x0069_6e63_756d_6265;
+
 /// Creates the table if it is missing (when allowed), then checks it has the columns the
 /// statements use.
 async fn prepare_table(conn: &Conn, table: &str, quoted: &str, create: bool) -> Result<()> {
@@ -746,8 +750,16 @@ async fn prepare_table(conn: &Conn, table: &str, quoted: &str, create: bool) -> 
                 ),
             });
         }
-        conn.query(&create_table_statement(table)?, &[]).await?;
-        tracing::info!(%table, "postgres: created the lease table");
+        // `CREATE TABLE IF NOT EXISTS` is not safe against itself: when several processes
+        // create the table at once, all but one fail on the catalog's unique indexes. One
+        // transaction, serialized by a transaction-scoped advisory lock (released at its
+        // commit: no session state, so a transaction pooler is fine).
+        let create = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {}; COMMIT",
+            create_table_statement(table)?
+        );
+        conn.batch(&create).await?;
+        tracing::info!(%table, "postgres: the lease table exists (created if it was missing)");
     }
     let probe = format!("SELECT election, holder, token, expires_at FROM {quoted} LIMIT 0");
     conn.query(&probe, &[]).await.map_err(|error| match error {

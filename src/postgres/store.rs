@@ -161,6 +161,30 @@ impl Conn {
         }
     }
 
+    /// Runs `statements` (several, `;`-separated, with no parameters) with the simple query
+    /// protocol, within the timeout.
+    pub(super) async fn batch(&self, statements: &str) -> Result<()> {
+        let mut used = None;
+        let attempt = async {
+            let client = self.client().await?;
+            used = Some(client.clone());
+            client.batch_execute(statements).await.map_err(from_pg)
+        };
+        let error = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(error)) => error,
+            Err(_) => Error::Unavailable {
+                backend: NAME,
+                reason: format!("no answer within {:?}", self.timeout),
+            },
+        };
+        // A failed batch may leave its transaction block open (aborted): never reuse it.
+        if let Some(client) = &used {
+            self.discard(client).await;
+        }
+        Err(error)
+    }
+
     /// Runs one statement, within the timeout. A statement that goes unanswered, or that
     /// the server refuses as read-only (a failover made it a standby), drops the connection:
     /// the next one connects again (to a writable host, when several are given).

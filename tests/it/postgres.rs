@@ -548,6 +548,27 @@ async fn a_missing_table_is_created_or_named_with_its_statement() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_connect_at_once_all_create_the_table_without_failing() {
+    // `CREATE TABLE IF NOT EXISTS` from several sessions at once fails all but one on the
+    // catalog's unique index: every backend must connect anyway. Eight rounds, each on a
+    // table of its own, eight backends at once.
+    let server = PostgresServer::start().await;
+    for round in 0..8 {
+        let table = format!("leases_{round}");
+        let connects = (0..8).map(|_| {
+            let table = table.clone();
+            let addr = server.addr();
+            tokio::spawn(async move { backend(addr).table(table).connect().await })
+        });
+        for connected in futures_util::future::join_all(connects).await {
+            connected
+                .expect("the task")
+                .unwrap_or_else(|e| panic!("round {round}: a backend failed to connect: {e}"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_backend_from_a_postgres_url_elects() {
     let server = PostgresServer::start().await;
     // The URL names host and database; the user would come from PGUSER: the builder names

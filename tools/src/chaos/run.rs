@@ -1407,6 +1407,30 @@ impl Faulty for World {
     fn dir(&self) -> &Path {
         &self.dir
     }
+
+    fn unexpected_exits(&mut self) -> Vec<String> {
+        let mut errors = Vec::new();
+        for index in 0..self.candidates.len() {
+            let Some(candidate) = self.candidates[index].as_mut() else {
+                continue;
+            };
+            let Ok(Some(status)) = candidate.child.try_wait() else {
+                continue;
+            };
+            let pid = candidate.pid();
+            self.candidates[index] = None;
+            self.record_death(pid, mono_ns());
+            let log = std::fs::read_to_string(self.dir.join(format!("candidate-{index}.log")))
+                .unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+            errors.push(format!(
+                "candidate {index} (pid {pid}) exited by itself ({status}); its log ends: {tail}"
+            ));
+            self.spawn(index);
+        }
+        errors
+    }
 }
 
 /// What the fault loop needs of a world, whatever runs its candidates: processes (this
@@ -1437,6 +1461,11 @@ pub(crate) trait Faulty {
     fn faults_log(&mut self) -> &mut File;
     /// The history's directory, for messages.
     fn dir(&self) -> &Path;
+    /// Candidates that ended by themselves (not by a fault): one error each, and each is
+    /// started again. A run in which candidates quietly vanish tests fewer than it says.
+    fn unexpected_exits(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The one running leader once it has run for [`STABLE`], and when it was first seen; `None`
@@ -1485,7 +1514,9 @@ pub(crate) async fn fault_loop<W: Faulty>(
             .collect()
     };
     let started = Instant::now();
-    let Some((mut leader, _)) = await_leader(world, W::FIRST_LEADER).await else {
+    let first = await_leader(world, W::FIRST_LEADER).await;
+    errors.extend(world.unexpected_exits());
+    let Some((mut leader, _)) = first else {
         errors.push(format!(
             "no leader within {:?} of the start",
             W::FIRST_LEADER
@@ -1530,6 +1561,7 @@ pub(crate) async fn fault_loop<W: Faulty>(
         };
         let line = serde_json::to_string(&record).expect("serialize");
         let _ = writeln!(world.faults_log(), "{line}");
+        errors.extend(world.unexpected_exits());
         match settled.or(late) {
             Some((next, _)) => leader = next,
             None => {
