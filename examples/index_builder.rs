@@ -74,6 +74,8 @@ const CHUNK_TIME: Duration = Duration::from_millis(150);
 const KILL_AFTER: u32 = 8;
 /// How often followers look for a published index.
 const READ_INTERVAL: Duration = Duration::from_millis(200);
+/// The instances' ttl, unless the store's smallest is longer (Consul: 10 s).
+const TTL: Duration = Duration::from_secs(3);
 /// The whole demo stops by itself after this long, whatever happens.
 const DEMO_LIMIT: Duration = Duration::from_secs(60);
 
@@ -611,10 +613,12 @@ impl WithBackend for Instance {
     type Output = Result<(), BoxError>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
+        let ttl = TTL.max(backend.info().min_ttl);
         let election = Election::builder(backend, &self.election)
             .candidate(&self.name)
             .metadata("pid", std::process::id().to_string())
-            .ttl(Duration::from_secs(10)) // Consul's smallest
+            // 3 s, or the store's smallest (Consul's is 10 s).
+            .ttl(ttl)
             .lock_delay(Duration::ZERO) // no extra wait after a leader dies (Consul)
             .grace(Duration::from_secs(2))
             .build()?;
@@ -996,7 +1000,7 @@ fn failover_note(backend: &str) -> &'static str {
     match backend {
         "file" => "the kernel releases a dead process's flock at once",
         "consul" => "Consul frees the lock when the session's ttl runs out: 10 to 20 s",
-        "postgres" => "PostgreSQL's lease row runs out a ttl (10 s) after the last renewal",
+        "postgres" => "PostgreSQL's lease row runs out a ttl (3 s) after the last renewal",
         _ => "the store frees the lock when the leader's session expires",
     }
 }
