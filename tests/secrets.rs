@@ -313,6 +313,81 @@ async fn consul_agent_never_sees_the_token_in_logs_or_debug() {
     logs_hidden();
 }
 
+/// PostgreSQL with a password (SCRAM for the role `app`): a wrong one and a right one, from
+/// the library and from the CLI (`PGPASSWORD`), never shown in errors, `Debug`, the status,
+/// the logs or the CLI's output.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_never_shows_the_password() {
+    use incumbent::postgres::{PostgresBackend, PostgresConfig, tokio_postgres};
+    logs();
+    let server = support::PostgresServer::start().await;
+    // Through psql: the test's own client would log the statement, password and all.
+    let created = Command::new(support::postgres::pg_bin("psql"))
+        .args(["-h", "127.0.0.1", "-p", &server.addr().port().to_string()])
+        .args(["-U", "postgres", "-d", "postgres", "-q", "-c"])
+        .arg(format!(
+            "CREATE ROLE app LOGIN PASSWORD '{PASSWORD}'; GRANT ALL ON SCHEMA public TO app"
+        ))
+        .output()
+        .expect("run psql");
+    assert!(created.status.success(), "psql: {created:?}");
+    let admin = server.client().await;
+    // SCRAM for `app` over TCP, before initdb's trust lines.
+    let hba = server.data_dir().join("pg_hba.conf");
+    let trusted = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+    std::fs::write(
+        &hba,
+        format!("host all app 127.0.0.1/32 scram-sha-256\n{trusted}"),
+    )
+    .expect("write pg_hba.conf");
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload");
+    let config = |password: &str| {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(server.addr().port())
+            .user("app")
+            .password(password)
+            .dbname("postgres");
+        PostgresConfig::from(config)
+    };
+    let wrong = format!("wrong-{PASSWORD}");
+    let builder = PostgresBackend::builder(config(&wrong));
+    hidden("PostgresBuilder's Debug", &format!("{builder:?}"));
+    match builder.connect().await {
+        Err(error @ Error::Unauthorized { .. }) => hidden_error("a refused password", &error),
+        other => panic!("a wrong password was not refused as Unauthorized: {other:?}"),
+    }
+    let backend = PostgresBackend::builder(config(PASSWORD))
+        .connect()
+        .await
+        .expect("connect with the password");
+    hidden("PostgresBackend's Debug", &format!("{backend:?}"));
+    let mut campaign = election(backend, "secrets").campaign();
+    let term = elected(&mut campaign, PATIENCE).await;
+    hidden("the term's Debug", &format!("{term:?}"));
+    hidden(
+        "the campaign's status",
+        &format!("{:?}", campaign.status().borrow()),
+    );
+    campaign.shutdown().await.expect("shutdown");
+    let url = server.url();
+    for password in [wrong.as_str(), PASSWORD] {
+        let output = cli(
+            &["status", "--election", "secrets", "--backend", &url],
+            &[("PGUSER", "app"), ("PGPASSWORD", password)],
+            Duration::from_secs(5),
+        );
+        hidden("the CLI's output with PGPASSWORD", &output);
+        assert!(!output.is_empty(), "no output at all");
+    }
+    logs_hidden();
+}
+
 /// Runs the CLI with `args` and `env` for at most `limit`; returns stdout and stderr.
 fn cli(args: &[&str], env: &[(&str, &str)], limit: Duration) -> String {
     let mut command = Command::new(env!("CARGO_BIN_EXE_incumbent"));

@@ -76,7 +76,7 @@
 //! - **Cancel-safe.** Every step is a single statement that commits on its own, and the
 //!   backend keeps no lock between statements, so a dropped future leaks nothing on the
 //!   server: an acquire whose answer was lost leaves a row with our owner id, which the
-//!   next acquire adopts and a release deletes, or which expires within a ttl.
+//!   next acquire adopts and a release frees, or which expires within a ttl.
 //! - **Hand-off.** Every acquire, proclaim and release sends `NOTIFY` in its own statement
 //!   (`pg_notify`, delivered when it commits). Followers with a direct connection `LISTEN`
 //!   on one extra connection per process and try at once; behind a transaction pooler,

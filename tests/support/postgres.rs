@@ -320,6 +320,11 @@ impl PostgresServer {
         client_at(self.addr).await
     }
 
+    /// The server's data directory (`pg_hba.conf` is there).
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
     /// The directory of the server's Unix socket.
     pub fn socket_dir(&self) -> &Path {
         self.dir.path()
