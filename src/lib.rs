@@ -121,6 +121,12 @@
 //! documents where its token comes from (etcd: the leader key's create revision; Consul: the
 //! key's ModifyIndex at acquisition; file and memory: a counter written under the lock).
 //!
+//! When the elections live in the same PostgreSQL as the data, a write can be tied to the
+//! term itself: `PostgresBackend::guard(&tx, election, token)` (feature `postgres`) checks
+//! the lease row in the write's own transaction and holds it until the commit, so a
+//! deposed leader's write never commits, and the next term cannot begin while one is in
+//! flight.
+//!
 //! # Self-fencing and timing
 //!
 //! Three durations, checked against each other by [`ElectionBuilder::build`]:
