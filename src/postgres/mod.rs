@@ -83,7 +83,9 @@
 //!   where `LISTEN` cannot work, turn it off ([`PostgresBuilder::listen`], or
 //!   `INCUMBENT_PG_LISTEN=off`) and followers poll with jitter
 //!   ([`PostgresBuilder::poll_interval`]). Either way a crashed leader's row is retried the
-//!   moment its lease runs out.
+//!   moment its lease runs out. Behind PgBouncer, set its `server_login_retry` to a second
+//!   or two: after a server restart it refuses every client for that long (default 15 s),
+//!   and no candidate can lead meanwhile.
 //! - **Guarded writes.** [`PostgresBackend::guard`] makes a write in the application's own
 //!   transaction commit only while its term holds: it locks the lease row (`FOR SHARE`) for
 //!   the rest of the transaction, so no other candidate can take it until the write has

@@ -362,7 +362,9 @@ pub struct PgBouncer {
 
 impl PgBouncer {
     /// Starts PgBouncer in transaction mode in front of `server`, with at most `pool_size`
-    /// server connections, and waits until it takes connections.
+    /// server connections, and waits until it takes connections. `server_login_retry` is
+    /// 1 s: with PgBouncer's default (15 s), a server restart makes it refuse every client
+    /// for up to 15 s after the server is back.
     pub async fn transaction_mode(server: SocketAddr, pool_size: u32) -> Self {
         start_with_retries("pgbouncer", || async {
             let dir = server_dir("incumbent-pgbouncer-");
@@ -385,6 +387,7 @@ impl PgBouncer {
                      default_pool_size = {pool_size}\n\
                      max_client_conn = 200\n\
                      server_lifetime = 3600\n\
+                     server_login_retry = 1\n\
                      ignore_startup_parameters = extra_float_digits,options\n",
                     server.ip(),
                     server.port(),

@@ -120,6 +120,13 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             false,
             vec![Fault::StorePause, Fault::StoreRestart, Fault::Kill9],
         ),
+        // Behind PgBouncer in transaction mode: a kill -9 of the leader strands no lock in
+        // the pool, and the server restarted behind it keeps the rows.
+        (
+            Backend::PostgresPooled,
+            false,
+            vec![Fault::Kill9, Fault::StoreRestart],
+        ),
     ]
 }
 

@@ -37,7 +37,7 @@ use incumbent_tools::chaos::{candidate, check, worker};
 
 const USAGE: &str = "usage: chaos \
 [--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,memcached,\
-zookeeper-ensemble,redis-failover,postgres] \
+zookeeper-ensemble,redis-failover,postgres,postgres-pooled] \
 [--mode cli|library|in-process] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \

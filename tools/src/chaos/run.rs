@@ -23,8 +23,8 @@ use crate::support::net::{free_addr, free_port};
 use crate::support::redis::TextProbe;
 use crate::support::zookeeper::{TICK_MS, ZookeeperEnsemble};
 use crate::support::{
-    EtcdCluster, EtcdServer, MemcachedServer, PostgresServer, Probe, Proxy, ServerProcess,
-    ZookeeperServer,
+    EtcdCluster, EtcdServer, MemcachedServer, PgBouncer, PostgresServer, Probe, Proxy,
+    ServerProcess, ZookeeperServer,
 };
 
 /// The election every candidate runs for.
@@ -100,10 +100,14 @@ pub enum Backend {
     /// One PostgreSQL server (`initdb` in a temp dir), followers woken by `LISTEN`: a
     /// restart keeps the lease rows.
     Postgres,
+    /// The same server behind PgBouncer in transaction mode (4 server connections for all
+    /// candidates), followers polling (`INCUMBENT_PG_LISTEN=off`); the store's faults hit
+    /// the server behind it.
+    PostgresPooled,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 12] = [
+    pub const ALL: [Backend; 13] = [
         Backend::Memory,
         Backend::File,
         Backend::Etcd,
@@ -116,6 +120,7 @@ impl Backend {
         Backend::ZookeeperEnsemble,
         Backend::RedisFailover,
         Backend::Postgres,
+        Backend::PostgresPooled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -132,6 +137,7 @@ impl Backend {
             Backend::ZookeeperEnsemble => "zookeeper-ensemble",
             Backend::RedisFailover => "redis-failover",
             Backend::Postgres => "postgres",
+            Backend::PostgresPooled => "postgres-pooled",
         }
     }
 
@@ -157,7 +163,8 @@ impl Backend {
             | Backend::Memcached
             | Backend::ZookeeperEnsemble
             | Backend::RedisFailover
-            | Backend::Postgres => Duration::from_secs(2),
+            | Backend::Postgres
+            | Backend::PostgresPooled => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -179,7 +186,8 @@ impl Backend {
             | Backend::Zookeeper
             | Backend::ZookeeperEnsemble
             | Backend::Redis
-            | Backend::Postgres => self.ttl() + Duration::from_secs(2),
+            | Backend::Postgres
+            | Backend::PostgresPooled => self.ttl() + Duration::from_secs(2),
             Backend::Memcached | Backend::RedisVolatile | Backend::RedisFailover => {
                 self.ttl() * 2 + Duration::from_secs(2)
             }
@@ -214,7 +222,8 @@ impl Backend {
             | Backend::Redis
             | Backend::RedisVolatile
             | Backend::Memcached
-            | Backend::Postgres => Fault::ALL[..9].to_vec(),
+            | Backend::Postgres
+            | Backend::PostgresPooled => Fault::ALL[..9].to_vec(),
             Backend::EtcdCluster => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -457,6 +466,7 @@ enum Store {
     ZookeeperEnsemble(ZookeeperEnsemble),
     RedisFailover(Box<RedisFailover>),
     Postgres(PostgresServer),
+    PostgresPooled(PostgresServer, PgBouncer),
 }
 
 impl Store {
@@ -476,6 +486,11 @@ impl Store {
             ),
             Backend::RedisFailover => Store::RedisFailover(Box::new(RedisFailover::start().await)),
             Backend::Postgres => Store::Postgres(PostgresServer::start().await),
+            Backend::PostgresPooled => {
+                let server = PostgresServer::start().await;
+                let bouncer = PgBouncer::transaction_mode(server.addr(), 4).await;
+                Store::PostgresPooled(server, bouncer)
+            }
         }
     }
 
@@ -497,6 +512,7 @@ impl Store {
             Store::Redis(redis) => Some(redis.addr),
             Store::Memcached(memcached) => Some(memcached.addr()),
             Store::Postgres(postgres) => Some(postgres.addr()),
+            Store::PostgresPooled(_, bouncer) => Some(bouncer.addr()),
         }
     }
 
@@ -510,7 +526,9 @@ impl Store {
             Store::Memcached(memcached) => Some(memcached.process()),
             Store::ZookeeperEnsemble(_) => None,
             Store::RedisFailover(pair) => Some(&mut pair.primary.process),
-            Store::Postgres(postgres) => Some(postgres.process()),
+            Store::Postgres(postgres) | Store::PostgresPooled(postgres, _) => {
+                Some(postgres.process())
+            }
         }
     }
 }
@@ -912,7 +930,9 @@ impl World {
             (Store::Memcached(_), Some(proxy)) => format!("memcached://{}", proxy.addr()),
             (Store::ZookeeperEnsemble(_), Some(proxy)) => format!("zk://{}", proxy.addr()),
             (Store::RedisFailover(_), Some(proxy)) => format!("redis://{}", proxy.addr()),
-            (Store::Postgres(_), Some(proxy)) => format!("postgres://{}/postgres", proxy.addr()),
+            (Store::Postgres(_) | Store::PostgresPooled(..), Some(proxy)) => {
+                format!("postgres://{}/postgres", proxy.addr())
+            }
             (_, None) => unreachable!("store backends have a proxy per candidate"),
         }
     }
@@ -952,6 +972,15 @@ impl World {
             .env_remove(super::worker::PLANT)
             // The harness's PostgreSQL trusts user `postgres` on loopback.
             .env("PGUSER", crate::support::postgres::USER)
+            // Behind a transaction pooler, LISTEN hears nothing: followers poll.
+            .env(
+                "INCUMBENT_PG_LISTEN",
+                if self.backend == Backend::PostgresPooled {
+                    "off"
+                } else {
+                    "on"
+                },
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(writer.try_clone().expect("dup the stderr pipe"));
