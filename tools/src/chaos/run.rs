@@ -466,7 +466,7 @@ enum Store {
     ZookeeperEnsemble(ZookeeperEnsemble),
     RedisFailover(Box<RedisFailover>),
     Postgres(PostgresServer),
-    PostgresPooled(PostgresServer, PgBouncer),
+    PostgresPooled(Box<(PostgresServer, PgBouncer)>),
 }
 
 impl Store {
@@ -489,7 +489,7 @@ impl Store {
             Backend::PostgresPooled => {
                 let server = PostgresServer::start().await;
                 let bouncer = PgBouncer::transaction_mode(server.addr(), 4).await;
-                Store::PostgresPooled(server, bouncer)
+                Store::PostgresPooled(Box::new((server, bouncer)))
             }
         }
     }
@@ -512,7 +512,7 @@ impl Store {
             Store::Redis(redis) => Some(redis.addr),
             Store::Memcached(memcached) => Some(memcached.addr()),
             Store::Postgres(postgres) => Some(postgres.addr()),
-            Store::PostgresPooled(_, bouncer) => Some(bouncer.addr()),
+            Store::PostgresPooled(pair) => Some(pair.1.addr()),
         }
     }
 
@@ -526,9 +526,8 @@ impl Store {
             Store::Memcached(memcached) => Some(memcached.process()),
             Store::ZookeeperEnsemble(_) => None,
             Store::RedisFailover(pair) => Some(&mut pair.primary.process),
-            Store::Postgres(postgres) | Store::PostgresPooled(postgres, _) => {
-                Some(postgres.process())
-            }
+            Store::Postgres(postgres) => Some(postgres.process()),
+            Store::PostgresPooled(pair) => Some(pair.0.process()),
         }
     }
 }
