@@ -498,8 +498,9 @@ enum Interrupt {
     Shutdown,
     SessionLost,
     /// A resign asked not to campaign for a while ([`Inbox::yield_until`]); only while the
-    /// candidate has a claim in the store (a wait given the session's fence).
-    Yield,
+    /// candidate has a claim in the store (a wait given the session's fence). The resign
+    /// is answered once the claim is withdrawn.
+    Yield(oneshot::Sender<()>),
 }
 
 /// The campaign's commands, and who waits for its shutdown.
@@ -549,10 +550,14 @@ impl Inbox {
             Some(Command::Resign {
                 done, yield_for, ..
             }) => {
+                if let Some(yield_for) = yield_for {
+                    self.yield_for(yield_for);
+                    if pursuing {
+                        return Some(Interrupt::Yield(done));
+                    }
+                }
                 let _ = done.send(());
-                let yield_for = yield_for?;
-                self.yield_for(yield_for);
-                pursuing.then_some(Interrupt::Yield)
+                None
             }
             Some(Command::Shutdown { done }) => {
                 self.shutdown_waiters.extend(done);
@@ -812,7 +817,9 @@ impl<B: Backend> Engine<B> {
                 Ok(attempt) => attempt,
                 Err(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Err(Interrupt::SessionLost) => return Pursuit::SessionLost,
-                Err(Interrupt::Yield) => return Box::pin(self.step_aside(contender)).await,
+                Err(Interrupt::Yield(done)) => {
+                    return Box::pin(self.step_aside(contender, done)).await;
+                }
             };
             let interrupt = match attempt {
                 Ok(Attempt::Won { fencing_token }) => {
@@ -864,7 +871,9 @@ impl<B: Backend> Engine<B> {
                 None => {}
                 Some(Interrupt::Shutdown) => return Box::pin(self.withdraw(contender)).await,
                 Some(Interrupt::SessionLost) => return Pursuit::SessionLost,
-                Some(Interrupt::Yield) => return Box::pin(self.step_aside(contender)).await,
+                Some(Interrupt::Yield(done)) => {
+                    return Box::pin(self.step_aside(contender, done)).await;
+                }
             }
         }
     }
@@ -1180,10 +1189,16 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Withdraws the claim for a yield ([`CampaignHandle::resign_for`]): the candidate leaves
-    /// the line (or a lock it won meanwhile), and campaigns again when the yield ends.
-    async fn step_aside(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
+    /// the line (or a lock it won meanwhile), answers the resign (`done`), and campaigns
+    /// again when the yield ends.
+    async fn step_aside(
+        &mut self,
+        mut contender: ContenderOf<B>,
+        done: oneshot::Sender<()>,
+    ) -> Pursuit<ContenderOf<B>> {
         tracing::info!("resigned for a while: withdrawing the claim");
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
+        let _ = done.send(());
         Pursuit::Yield
     }
 
