@@ -269,6 +269,37 @@ async fn a_promoted_replica_that_missed_the_last_commit_still_hands_out_greater_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_refused_with_a_typed_error() {
+    // `default_transaction_read_only = on` (a server kept read-only for maintenance, or a
+    // pooler that sends reads elsewhere): connecting is refused with ReadOnly, and a
+    // campaign on a backend connected before says so in its status, and leads nowhere.
+    let server = PostgresServer::start().await;
+    let earlier = connect(server.addr()).await;
+    let admin = server.client().await;
+    admin
+        .batch_execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+        .await
+        .expect("make the database read-only");
+    admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE application_name = 'incumbent'",
+            &[],
+        )
+        .await
+        .expect("end the backend's connections");
+    match backend(server.addr()).table("other_leases").connect().await {
+        Err(Error::ReadOnly { reason, .. }) => assert!(reason.contains("writes"), "{reason}"),
+        other => panic!("a read-only server was not refused with ReadOnly: {other:?}"),
+    }
+    let a = election(&earlier, "read-only", "a").campaign();
+    let problem = crate::support::events::problem(&a.status(), PATIENCE).await;
+    assert!(problem.contains("accepts no writes"), "{problem}");
+    assert!(!a.status().borrow().is_leader());
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_renews_every_election_of_a_process() {
     // The server counts each statement's calls (pg_stat_statements): the renewal of four
     // elections held by one process is one statement per renew interval, on one connection.
