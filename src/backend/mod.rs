@@ -19,7 +19,7 @@
 //! read it before writing a backend.
 
 pub mod keepalive;
-#[cfg(any(feature = "redis", feature = "memcached"))]
+#[cfg(any(feature = "redis", feature = "memcached", feature = "postgres"))]
 pub mod polled;
 pub mod pool;
 

@@ -787,17 +787,15 @@ pub type PostgresBackend = PolledBackend<PostgresStore>;
 impl PolledBackend<PostgresStore> {
     /// Starts configuring a backend on the server `config` describes.
     pub fn builder(config: PostgresConfig) -> PostgresBuilder {
-        PolledBuilder {
-            store: Settings {
-                config,
-                table: DEFAULT_TABLE.to_owned(),
-                listen: true,
-                create_table: true,
-                timeout: DEFAULT_TIMEOUT,
-            },
-            prefix: String::new(),
-            poll_interval: DEFAULT_POLL_INTERVAL,
-        }
+        // Elections are rows of their own table: no key prefix unless one is asked for.
+        PolledBuilder::new(Settings {
+            config,
+            table: DEFAULT_TABLE.to_owned(),
+            listen: true,
+            create_table: true,
+            timeout: DEFAULT_TIMEOUT,
+        })
+        .prefix("")
     }
 
     /// Whether followers wake on `NOTIFY` (else they poll).

@@ -8,34 +8,13 @@
 //! followers then poll.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
 use super::Connector;
-use crate::backend::polled::Wakes;
-use crate::backoff::Backoff;
-
-/// Reconnects of the listening connection: jittered, from 100 ms up to 5 s.
-const RECONNECT: Backoff = Backoff {
-    initial: Duration::from_millis(100),
-    max: Duration::from_secs(5),
-};
-
-/// The wake-ups of the elections followed in this process. Dropping it stops the listener.
-pub(super) struct Notifier {
-    keys: Arc<Wakes>,
-    _stop: DropGuard,
-}
-
-impl Notifier {
-    /// A receiver that changes whenever a statement on `key`'s row notifies.
-    pub fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
-        self.keys.subscribe(key)
-    }
-}
+pub(super) use crate::backend::polled::Notifier;
+use crate::backend::polled::{RECONNECT, Wakes};
 
 /// Starts listening on `channel`. The first `LISTEN` is made here, so that a server that
 /// refuses it is known at once: `None` then, and followers poll (the reason is logged).
@@ -50,10 +29,7 @@ pub(super) async fn start(connector: Arc<Connector>, channel: String) -> Option<
         ready,
     )));
     match listening.await {
-        Ok(Ok(())) => Some(Notifier {
-            keys,
-            _stop: stop.drop_guard(),
-        }),
+        Ok(Ok(())) => Some(Notifier::new(keys, stop)),
         Ok(Err(error)) => {
             tracing::info!(%error, "postgres: cannot LISTEN; followers poll");
             stop.cancel();

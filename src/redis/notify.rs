@@ -7,34 +7,14 @@ use std::time::Duration;
 use ::redis::Client;
 use ::redis::aio::ConnectionManager;
 use futures_core::Stream;
-use tokio::sync::watch;
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 
-use crate::backend::polled::Wakes;
-use crate::backoff::Backoff;
+pub(super) use crate::backend::polled::Notifier;
+use crate::backend::polled::{RECONNECT, Wakes};
 
 /// The flags this backend needs in `notify-keyspace-events`: keyspace events (`K`) for
 /// generic commands (`g`: `del`), string commands (`$`: `set`) and expiries (`x`).
 const FLAGS: &str = "Kg$x";
-
-/// Reconnects of the pub/sub connection: jittered, from 100 ms up to 5 s.
-const RECONNECT: Backoff = Backoff {
-    initial: Duration::from_millis(100),
-    max: Duration::from_secs(5),
-};
-
-/// The wake-ups of the keys followed in this process. Dropping it stops the listener.
-pub(super) struct Notifier {
-    keys: Arc<Wakes>,
-    _stop: DropGuard,
-}
-
-impl Notifier {
-    /// A receiver that changes whenever `key` is deleted, expires or is set.
-    pub fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
-        self.keys.subscribe(key)
-    }
-}
 
 /// Whether `flags` (the value of `notify-keyspace-events`) publish what followers need: every
 /// one of [`FLAGS`], where `A` stands for `g$lshzxetd` (all but `K`, `E`, `m` and `n`). Without
@@ -146,10 +126,7 @@ pub(super) async fn start(
         timeout,
         listening,
     )));
-    Some(Notifier {
-        keys,
-        _stop: stop.drop_guard(),
-    })
+    Some(Notifier::new(keys, stop))
 }
 
 async fn subscribe(

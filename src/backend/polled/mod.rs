@@ -477,6 +477,38 @@ impl<S: Store> PolledBackend<S> {
     }
 }
 
+/// Reconnects of a store's notification connection (Redis's pub/sub, PostgreSQL's
+/// `LISTEN`): jittered, from 100 ms up to 5 s.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) const RECONNECT: crate::backoff::Backoff = crate::backoff::Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+};
+
+/// The wake-ups of the keys followed in this process, bumped by a store's notification task
+/// (Redis's keyspace notifications, PostgreSQL's `NOTIFY`). Dropping it stops the task.
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub(crate) struct Notifier {
+    keys: Arc<Wakes>,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+impl Notifier {
+    /// Wake-ups that the task cancelled by `stop` bumps.
+    pub(crate) fn new(keys: Arc<Wakes>, stop: tokio_util::sync::CancellationToken) -> Self {
+        Notifier {
+            keys,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    /// A receiver that changes whenever the store says `key` changed.
+    pub(crate) fn subscribe(&self, key: &str) -> watch::Receiver<u64> {
+        self.keys.subscribe(key)
+    }
+}
+
 /// Resolves when `wake` changes; never when there is none, or its sender is gone.
 async fn changed(wake: Option<&mut watch::Receiver<u64>>) {
     if let Some(wake) = wake
@@ -513,7 +545,7 @@ impl Wakes {
     }
 
     /// Wakes the receivers of every key.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub(crate) fn bump_all(&self) {
         let mut wakes = lock(&self.0);
         wakes.retain(|_, sender| sender.receiver_count() > 0);
