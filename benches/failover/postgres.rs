@@ -9,7 +9,7 @@ use incumbent::postgres::PostgresBackend;
 use incumbent::postgres::tokio_postgres::{self, AsyncMessage};
 
 use crate::polled;
-use crate::support::postgres::{USER, backend, client_at};
+use crate::support::postgres::{backend, client_at, config_at};
 use crate::support::{PgBouncer, PostgresServer};
 
 /// Hand-off rounds while followers `LISTEN`, and floor rounds.
@@ -110,13 +110,7 @@ pub async fn run() {
 /// `NOTIFY` on one plain connection to a `LISTEN` on another: the time from sending it to
 /// the notification's arrival.
 async fn notify_floor(addr: SocketAddr) -> Vec<std::time::Duration> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(addr.ip().to_string())
-        .port(addr.port())
-        .user(USER)
-        .dbname("postgres");
-    let (listener, mut connection) = config
+    let (listener, mut connection) = config_at(addr)
         .connect(tokio_postgres::NoTls)
         .await
         .expect("connect the listener");

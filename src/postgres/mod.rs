@@ -374,7 +374,8 @@ impl Connector {
         )
         .await;
         match checked {
-            Ok(Ok(rows)) if rows.first().is_some_and(|r| r.get::<_, bool>(0)) => Err(read_only(
+            // An answer of another type (a hostile pooler) is an error, never a panic.
+            Ok(Ok(rows)) if recovering(&rows)? => Err(read_only(
                 "the server is a standby in recovery (pg_is_in_recovery() is true)",
             )),
             Ok(Ok(_)) => Ok(client),
@@ -409,6 +410,14 @@ impl Connector {
             let _client = client;
             let _ = driver.await;
         }))
+    }
+}
+
+/// Whether the answer to `SELECT pg_is_in_recovery()` says the server is a standby.
+fn recovering(rows: &[tokio_postgres::Row]) -> Result<bool> {
+    match rows.first() {
+        Some(row) => store::column::<bool>(row, 0),
+        None => Ok(false),
     }
 }
 
@@ -739,7 +748,10 @@ async fn prepare_table(conn: &Conn, table: &str, quoted: &str, create: bool) -> 
             &[(&quoted, Type::TEXT)],
         )
         .await?;
-    let exists = exists.first().is_some_and(|row| row.get::<_, bool>(0));
+    let exists = match exists.first() {
+        Some(row) => store::column::<bool>(row, 0)?,
+        None => false,
+    };
     if !exists {
         if !create {
             return Err(Error::InvalidConfig {

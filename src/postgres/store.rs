@@ -254,7 +254,10 @@ fn token(what: &str, token: i64) -> Result<u64> {
 }
 
 /// A column of a row this module's statements return, typed.
-fn column<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, index: usize) -> Result<T> {
+pub(super) fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    index: usize,
+) -> Result<T> {
     row.try_get(index).map_err(|error| Error::Store {
         backend: NAME,
         reason: format!("unexpected answer: {error}"),
@@ -278,11 +281,7 @@ impl Store for PostgresStore {
     /// `SELECT pg_is_in_recovery()`: a server that became a standby is refused.
     async fn ping(&self) -> Result<()> {
         let rows = self.conn.query("SELECT pg_is_in_recovery()", &[]).await?;
-        let recovering: bool = match rows.first() {
-            Some(row) => column(row, 0)?,
-            None => false,
-        };
-        if recovering {
+        if super::recovering(&rows)? {
             return Err(super::read_only(
                 "the server is a standby in recovery (pg_is_in_recovery() is true)",
             ));

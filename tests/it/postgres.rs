@@ -625,17 +625,9 @@ async fn any_backend_from_a_postgres_url_elects() {
 #[cfg(feature = "postgres-tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_checks_the_server_against_the_ca_file() {
-    use incumbent::postgres::{PostgresConfig, tokio_postgres};
+    use incumbent::postgres::PostgresConfig;
     let (server, certs) = PostgresServer::with_tls().await;
-    let config = || {
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host("127.0.0.1")
-            .port(server.addr().port())
-            .user(crate::support::postgres::USER)
-            .dbname("postgres");
-        PostgresConfig::from(config)
-    };
+    let config = || PostgresConfig::from(crate::support::postgres::config_at(server.addr()));
     let backend = PostgresBackend::builder(config().ca_file(certs.join("ca.pem")))
         .connect()
         .await

@@ -120,6 +120,23 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
+/// A new data directory at `data`: user `postgres`, trust authentication (replication from
+/// loopback included), UTF-8.
+fn initdb(data: &Path) {
+    let data = data.display().to_string();
+    let args = [
+        "-D",
+        &data,
+        "-U",
+        USER,
+        "--auth=trust",
+        "-E",
+        "UTF8",
+        "--no-sync",
+    ];
+    run("initdb", &[&args[..], &["--no-instructions"]].concat());
+}
+
 /// A `postgres` server on a free loopback port, its data in a temp dir (trust
 /// authentication, user `postgres`, replication allowed from loopback). Killed on drop.
 pub struct PostgresServer {
@@ -146,21 +163,7 @@ impl PostgresServer {
         start_with_retries("postgres", || async {
             let dir = server_dir("incumbent-postgres-");
             let data = dir.path().join("data");
-            let data_arg = data.display().to_string();
-            run(
-                "initdb",
-                &[
-                    "-D",
-                    &data_arg,
-                    "-U",
-                    USER,
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "--no-instructions",
-                ],
-            );
+            initdb(&data);
             Self::spawn(dir, data, more.clone()).await
         })
         .await
@@ -185,20 +188,7 @@ impl PostgresServer {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
                     .expect("chmod");
             }
-            run(
-                "initdb",
-                &[
-                    "-D",
-                    &data.display().to_string(),
-                    "-U",
-                    USER,
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "--no-instructions",
-                ],
-            );
+            initdb(&data);
             let file = |name: &str| certs.join(name).display().to_string();
             let tls = vec![
                 "-c".into(),
@@ -331,18 +321,26 @@ impl PostgresServer {
     }
 }
 
+/// The client settings for the server (or pooler) at `addr`: user `postgres`, database
+/// `postgres`.
+#[cfg(feature = "postgres")]
+pub fn config_at(addr: SocketAddr) -> incumbent::postgres::tokio_postgres::Config {
+    let mut config = incumbent::postgres::tokio_postgres::Config::new();
+    config
+        .host(addr.ip().to_string())
+        .port(addr.port())
+        .user(USER)
+        .dbname("postgres");
+    config
+}
+
 /// A plain client of the server (or pooler) at `addr`, as user `postgres`, database
 /// `postgres`.
 #[cfg(feature = "postgres")]
 pub async fn client_at(addr: SocketAddr) -> incumbent::postgres::tokio_postgres::Client {
     use incumbent::postgres::tokio_postgres;
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(addr.ip().to_string())
-        .port(addr.port())
-        .user(USER)
-        .dbname("postgres")
-        .application_name("test");
+    let mut config = config_at(addr);
+    config.application_name("test");
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
@@ -445,12 +443,6 @@ impl PgBouncer {
 /// A builder for the server (or pooler) at `addr`, as user `postgres`, database `postgres`.
 #[cfg(feature = "postgres")]
 pub fn backend(addr: SocketAddr) -> incumbent::postgres::PostgresBuilder {
-    use incumbent::postgres::{PostgresBackend, PostgresConfig, tokio_postgres};
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(addr.ip().to_string())
-        .port(addr.port())
-        .user(USER)
-        .dbname("postgres");
-    PostgresBackend::builder(PostgresConfig::from(config))
+    use incumbent::postgres::{PostgresBackend, PostgresConfig};
+    PostgresBackend::builder(PostgresConfig::from(config_at(addr)))
 }
