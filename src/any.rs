@@ -202,6 +202,12 @@ macro_rules! any_backend {
                 }
             }
 
+            async fn take_over(&mut self, holder: &Leader) -> Result<Attempt> {
+                match self {
+                    $( $(#[$cfg])* AnyContender::$variant(c) => c.take_over(holder).await, )*
+                }
+            }
+
             async fn proclaim(&mut self, leader: &Leader) -> Result<()> {
                 match self {
                     $( $(#[$cfg])* AnyContender::$variant(c) => c.proclaim(leader).await, )*

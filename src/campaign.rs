@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_core::Stream;
 use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 use tracing::Instrument;
 
 use crate::backend::{
@@ -41,6 +41,9 @@ use crate::config::Config;
 use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
 use crate::fence::{Fence, Freshness};
 use crate::queue::{QueueReceiver, QueueSender, queue};
+use crate::switchover::{
+    self, HandOverError, HandOverStyle, HandedOver, Request, presence_name, request_name,
+};
 use crate::term::{Gap, Term};
 use crate::{Error, Result, metrics};
 
@@ -121,6 +124,13 @@ enum Command {
         metadata: BTreeMap<String, String>,
         done: oneshot::Sender<Result<()>>,
     },
+    HandOver {
+        to: String,
+        /// The reservation window; `None`: the election's.
+        window: Option<Duration>,
+        /// Who waits for the outcome; `None` for a request read from the store.
+        done: Option<oneshot::Sender<Result<HandedOver>>>,
+    },
 }
 
 impl Stream for Events {
@@ -190,6 +200,11 @@ impl Campaign {
     /// See [`CampaignHandle::proclaim`].
     pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {
         self.handle.proclaim(metadata).await
+    }
+
+    /// See [`CampaignHandle::hand_over`].
+    pub async fn hand_over(&self, to: impl Into<String>) -> Result<HandedOver> {
+        self.handle.hand_over(to).await
     }
 
     /// See [`CampaignHandle::shutdown`].
@@ -278,6 +293,34 @@ impl CampaignHandle {
         wait.await.map_err(|_| Error::Stopped)?
     }
 
+    /// Hands the election over to the candidate `to`, and returns once `to` leads.
+    ///
+    /// Called on the leader, the leader checks that `to` is a live candidate, ends its term
+    /// (the work stops first, as for a resign; the [`DemotionReason`] is
+    /// [`HandedOver`](DemotionReason::HandedOver)), and keeps the next term for `to` for the
+    /// [hand-over window](crate::ElectionBuilder::hand_over_window); every other candidate
+    /// waits it out. Called on another candidate, the request goes to the leader through the
+    /// store ([`Election::hand_over`](crate::Election::hand_over)), and waits at most the
+    /// ttl + the grace + the window. `to` being this candidate is a request for the lead.
+    /// The steps, per store, are in [`switchover`](crate::switchover).
+    ///
+    /// Errors ([`Error::HandOver`]): `to` is not a live candidate (nothing moved); another
+    /// hand-over is under way; the target did not take office within the window (the
+    /// reservation lapsed, an open election followed); nobody leads. [`Error::Stopped`] if the
+    /// campaign has stopped.
+    pub async fn hand_over(&self, to: impl Into<String>) -> Result<HandedOver> {
+        let (done, wait) = oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::HandOver {
+                to: to.into(),
+                window: None,
+                done: Some(done),
+            })
+            .map_err(|_| Error::Stopped)?;
+        wait.await.map_err(|_| Error::Stopped)?
+    }
+
     /// Stops the campaign: cancels the term if leading, waits for its guards (at most the
     /// grace), releases the lock, closes the session, and returns once all that is done.
     /// Calling it on a stopped campaign returns at once.
@@ -316,6 +359,22 @@ pub(crate) fn spawn<B: Backend>(
     });
     let subscribers = Subscribers::default();
     let events = subscribers.add();
+    let request: Requester = {
+        let backend = backend.clone();
+        let config = config.clone();
+        Arc::new(move |to, window| {
+            let backend = backend.clone();
+            let config = config.clone();
+            Box::pin(async move {
+                let options = switchover::RequestOptions {
+                    session: config.session_options(),
+                    window,
+                    timeout: config.ttl + config.grace + window.unwrap_or(config.hand_over_window),
+                };
+                switchover::request(&backend, &config.name, &to, &options).await
+            })
+        })
+    };
     let handle = CampaignHandle {
         shared: Arc::new(Shared {
             commands: commands_tx,
@@ -337,6 +396,8 @@ pub(crate) fn spawn<B: Backend>(
             commands,
             shutdown_waiters: Vec::new(),
             yield_until: None,
+            transfer: None,
+            request,
         },
         status,
         subscribers,
@@ -345,6 +406,14 @@ pub(crate) fn spawn<B: Backend>(
         quick_losses: 0,
         last_token: None,
         leaderless: Some(Leaderless::seen()),
+        presence: None,
+        take_over_from: None,
+        tried_take_over: None,
+        handled_request: None,
+        stepped_aside_for: None,
+        priority_requests: 0,
+        following: None,
+        leader_priority: 0,
     };
     tokio::spawn(engine.supervise().instrument(span));
     Campaign { events, handle }
@@ -400,7 +469,57 @@ struct Engine<B: Backend> {
     /// the leader's key going, a lock-delay, or its own loss), for the term's [`Gap`]; `None`
     /// while it sees another candidate lead.
     leaderless: Option<Leaderless>,
+    /// This candidate's presence record ([`switchover`]), with the id of the session that
+    /// holds it, on stores that keep no line of candidates.
+    /// (A mutex only to keep the engine `Sync`: it is reached through `&mut self`.)
+    presence: Option<(String, Mutex<ContenderOf<B>>)>,
+    /// A leader whose value names this candidate as the target of a hand-over, to take the
+    /// lock over from ([`Contender::take_over`]).
+    take_over_from: Option<Leader>,
+    /// The last such leader tried, so that a take-over the store refuses is not retried in
+    /// a loop.
+    tried_take_over: Option<Leader>,
+    /// The id of the last hand-over request read from the store, served once.
+    handled_request: Option<String>,
+    /// The target of a hand-over for which this candidate stepped out of the line (etcd,
+    /// ZooKeeper): it comes back when the target (or anyone) leads, or the window ends.
+    stepped_aside_for: Option<(String, Instant)>,
+    /// Requests for the lead this candidate made as a preferred candidate, since it last led:
+    /// each doubles the settle time before the next.
+    priority_requests: u32,
+    /// The leader this candidate has followed without a break, and since when: a preferred
+    /// candidate asks for the lead once it has for its settle time.
+    following: Option<(String, Instant)>,
+    /// The priority of the leader followed (0 when it has none).
+    leader_priority: u32,
 }
+
+/// What a follower does about the leader it sees.
+enum Heed {
+    Follow,
+    /// The leader hands over to this candidate: take the lock over.
+    TakeOver,
+    /// The leader hands over to another candidate, on a store that keeps a line: step out of
+    /// it.
+    StepAside,
+}
+
+/// The priority a leader's metadata publishes; 0 without one (or an unreadable one).
+fn priority_of(leader: &Leader) -> u32 {
+    leader
+        .candidate
+        .metadata
+        .get(crate::config::PRIORITY_KEY)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Asks the leader through the store, for a candidate that does not lead.
+type Requester = Arc<
+    dyn Fn(String, Option<Duration>) -> Pin<Box<dyn Future<Output = Result<HandedOver>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Since when a candidate has seen its election without a leader.
 #[derive(Clone, Copy, Debug)]
@@ -491,6 +610,16 @@ struct TermEnd {
     /// A resign waiting to hear that the lock is released.
     resign_done: Option<oneshot::Sender<()>>,
     health: watch::Receiver<SessionHealth>,
+    /// The hand-over that ended the term, if one did.
+    transfer: Option<Transfer>,
+}
+
+/// A hand-over that ended the term: the next one is kept for `to`.
+struct Transfer {
+    to: String,
+    window: Duration,
+    /// Who waits for the outcome; `None` for a request read from the store.
+    done: Option<oneshot::Sender<Result<HandedOver>>>,
 }
 
 /// What interrupted a wait.
@@ -500,7 +629,7 @@ enum Interrupt {
     /// A resign asked not to campaign for a while ([`Inbox::yield_until`]); only while the
     /// candidate has a claim in the store (a wait given the session's fence). The resign
     /// is answered once the claim is withdrawn.
-    Yield(oneshot::Sender<()>),
+    Yield(Option<oneshot::Sender<()>>),
 }
 
 /// The campaign's commands, and who waits for its shutdown.
@@ -510,6 +639,10 @@ struct Inbox {
     /// Until when a resign asked this candidate not to campaign
     /// ([`CampaignHandle::resign_for`]).
     yield_until: Option<Instant>,
+    /// The target of the hand-over this candidate is making, while it makes it.
+    transfer: Option<String>,
+    /// How a candidate that does not lead asks the leader to hand over.
+    request: Requester,
 }
 
 impl Inbox {
@@ -553,7 +686,7 @@ impl Inbox {
                 if let Some(yield_for) = yield_for {
                     self.yield_for(yield_for);
                     if pursuing {
-                        return Some(Interrupt::Yield(done));
+                        return Some(Interrupt::Yield(Some(done)));
                     }
                 }
                 let _ = done.send(());
@@ -567,8 +700,31 @@ impl Inbox {
                 let _ = done.send(Err(Error::NotLeader));
                 None
             }
+            Some(Command::HandOver { to, window, done }) => {
+                self.hand_over_elsewhere(to, window, done);
+                None
+            }
             None => Some(Interrupt::Shutdown),
         }
+    }
+
+    /// A hand-over asked of a candidate that does not lead: refused while this candidate is
+    /// handing over itself, else asked of the leader through the store, in a task of its own.
+    fn hand_over_elsewhere(
+        &self,
+        to: String,
+        window: Option<Duration>,
+        done: Option<oneshot::Sender<Result<HandedOver>>>,
+    ) {
+        let Some(done) = done else { return };
+        if let Some(target) = &self.transfer {
+            let _ = done.send(Err(HandOverError::InProgress { to: target.clone() }.into()));
+            return;
+        }
+        let asking = (self.request)(to, window);
+        tokio::spawn(async move {
+            let _ = done.send(asking.await);
+        });
     }
 }
 
@@ -708,8 +864,14 @@ impl<B: Backend> Engine<B> {
                 }
                 Pursuit::Yield => {
                     session = Some(current);
-                    let delay = self.inbox.yielding().unwrap_or_default();
-                    if self.cool_down(delay).await.is_err() {
+                    let waited = match self.stepped_aside_for.take() {
+                        Some((to, until)) => self.wait_out_hand_over(&to, until).await,
+                        None => {
+                            let delay = self.inbox.yielding().unwrap_or_default();
+                            self.cool_down(delay).await
+                        }
+                    };
+                    if waited.is_err() {
                         break;
                     }
                 }
@@ -799,6 +961,8 @@ impl<B: Backend> Engine<B> {
                 return Pursuit::SessionLost;
             }
         };
+        Box::pin(self.keep_presence(session)).await;
+        self.following = None;
         let health = session.health();
         let mut fence = Fence::of(&health, self.config.renew_deadline);
         let mut sightings = Sightings::default();
@@ -809,9 +973,17 @@ impl<B: Backend> Engine<B> {
             if !matches!(self.status.borrow().role, Role::Follower) {
                 self.set_role(Role::Candidate);
             }
+            let from = self.take_over_from.take();
+            self.tried_take_over = from.clone().or(self.tried_take_over.take());
+            let attempting = async {
+                match &from {
+                    Some(holder) => contender.take_over(holder).await,
+                    None => contender.acquire().await,
+                }
+            };
             let attempt = match self
                 .inbox
-                .unless_interrupted(Some(&mut fence), Box::pin(contender.acquire()))
+                .unless_interrupted(Some(&mut fence), Box::pin(attempting))
                 .await
             {
                 Ok(attempt) => attempt,
@@ -843,10 +1015,19 @@ impl<B: Backend> Engine<B> {
                         .increment(1);
                     self.recovered();
                     self.set_role(Role::Follower);
-                    if let Some(holder) = holder {
-                        self.saw_leader(Some(holder));
+                    match holder {
+                        Some(holder) => match self.heed(holder) {
+                            Heed::TakeOver => None,
+                            Heed::StepAside => Some(Interrupt::Yield(None)),
+                            Heed::Follow => {
+                                Box::pin(self.follow(&mut contender, &mut fence, &mut sightings))
+                                    .await
+                            }
+                        },
+                        None => {
+                            Box::pin(self.follow(&mut contender, &mut fence, &mut sightings)).await
+                        }
                     }
-                    Box::pin(self.follow(&mut contender, &mut fence, &mut sightings)).await
                 }
                 Ok(Attempt::Delayed { until }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
@@ -886,16 +1067,27 @@ impl<B: Backend> Engine<B> {
         sightings: &mut Sightings<B::Observer>,
     ) -> Option<Interrupt> {
         loop {
+            let settled = self.settled_at();
             let next = async {
                 tokio::select! {
                     biased;
                     waited = contender.wait() => Ok(waited),
-                    leader = sightings.next(&self.backend, &self.config) => Err(leader),
+                    leader = sightings.next(&self.backend, &self.config.name, &self.config) => Err(Some(leader)),
+                    () = sleep_until(settled.unwrap_or_else(Instant::now)), if settled.is_some() => Err(None),
                 }
             };
             match self.inbox.unless_interrupted(Some(fence), next).await {
                 Err(interrupt) => return Some(interrupt),
-                Ok(Err(leader)) => self.saw_leader(leader),
+                Ok(Err(None)) => self.ask_for_lead(),
+                Ok(Err(Some(None))) => {
+                    self.following = None;
+                    self.saw_leader(None);
+                }
+                Ok(Err(Some(Some(leader)))) => match self.heed(leader) {
+                    Heed::TakeOver => return None,
+                    Heed::StepAside => return Some(Interrupt::Yield(None)),
+                    Heed::Follow => {}
+                },
                 Ok(Ok(Ok(()))) => {
                     // The holder (or our predecessor) may be gone: the election may be
                     // without a leader from now until someone wins.
@@ -908,6 +1100,71 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+    }
+
+    /// Takes in a leader seen while following: a hand-over to this candidate is taken over
+    /// (escrow stores), one to another candidate makes it step out of the line (line stores);
+    /// and a preferred candidate counts how long it has followed the same leader.
+    fn heed(&mut self, leader: Leader) -> Heed {
+        let me = self.config.candidate.id.as_str();
+        let style = self.backend.info().hand_over;
+        let reservation = leader.handing_over();
+        let heed = match &reservation {
+            Some(h) if h.to == me => {
+                if style == HandOverStyle::Escrow && self.tried_take_over.as_ref() != Some(&leader)
+                {
+                    self.take_over_from = Some(leader.clone());
+                    Heed::TakeOver
+                } else {
+                    Heed::Follow
+                }
+            }
+            Some(h) if style == HandOverStyle::Line && leader.candidate.id != me => {
+                self.stepped_aside_for = Some((h.to.clone(), Instant::now() + h.window()));
+                Heed::StepAside
+            }
+            _ => Heed::Follow,
+        };
+        if reservation.is_none() && leader.candidate.id != me {
+            if self.following.as_ref().map(|(id, _)| id) != Some(&leader.candidate.id) {
+                self.following = Some((leader.candidate.id.clone(), Instant::now()));
+            }
+        } else {
+            self.following = None;
+        }
+        self.leader_priority = priority_of(&leader);
+        self.saw_leader(Some(leader));
+        heed
+    }
+
+    /// When a preferred candidate asks for the lead: its settle time (doubled for each
+    /// request since it last led) after it began to follow a leader of lower priority.
+    fn settled_at(&self) -> Option<Instant> {
+        let priority = self.config.priority?;
+        let (_, since) = self.following.as_ref()?;
+        if self.leader_priority >= priority.level {
+            return None;
+        }
+        let factor = 1u32 << self.priority_requests.min(10);
+        Some(*since + priority.settle.saturating_mul(factor))
+    }
+
+    /// A preferred candidate asks the leader, through the store, to hand over to it.
+    fn ask_for_lead(&mut self) {
+        self.priority_requests = self.priority_requests.saturating_add(1);
+        if let Some((_, since)) = &mut self.following {
+            *since = Instant::now();
+        }
+        tracing::info!("a preferred candidate: asking the leader to hand over to it");
+        let asking = (self.inbox.request)(self.config.candidate.id.clone(), None);
+        tokio::spawn(
+            async move {
+                if let Err(error) = asking.await {
+                    tracing::info!(%error, "the request for the lead did not make this candidate lead");
+                }
+            }
+            .in_current_span(),
+        );
     }
 
     /// Whether a win can be trusted: the session is alive and fresh, and the token grew.
@@ -955,6 +1212,10 @@ impl<B: Backend> Engine<B> {
         // Ends the term however this task ends, a panic or a dropped runtime included.
         let in_force = InForce(term.clone());
         self.last_token = Some(fencing_token);
+        self.priority_requests = 0;
+        self.following = None;
+        self.take_over_from = None;
+        self.tried_take_over = None;
         self.recovered();
         ::metrics::counter!(metrics::ELECTIONS_WON, self.labels_base()).increment(1);
         ::metrics::gauge!(metrics::IS_LEADER, self.labels_base()).set(1.0);
@@ -992,6 +1253,9 @@ impl<B: Backend> Engine<B> {
         // passing, the session lost), not at every renewal.
         let mut fence = Fence::of(&health, self.config.renew_deadline);
         let mut resign_done = None;
+        let mut transfer = None;
+        let mut requests = Sightings::default();
+        let requests_key = request_name(&self.config.name);
         let (reason, lock_loss) = loop {
             // Decided from the health itself: the fence only says when to look again.
             let now = Instant::now();
@@ -1030,9 +1294,38 @@ impl<B: Backend> Engine<B> {
                         let _ = done.send(outcome);
                         continue;
                     }
+                    Some(Command::HandOver { to, window, done }) => {
+                        match Box::pin(self.prepare_hand_over(contender, &mut health, office, to, window, done)).await {
+                            Some(ready) => {
+                                transfer = Some(ready);
+                                break (DemotionReason::HandedOver, None);
+                            }
+                            None => continue,
+                        }
+                    }
                     None => break (DemotionReason::Shutdown, None),
                 },
                 loss = contender.lost() => break (DemotionReason::from_lock(loss), Some(loss)),
+                request = requests.next(&self.backend, &requests_key, &self.config), if self.config.switchover_requests => {
+                    let Some(request) = request.as_ref().and_then(Request::parse) else { continue };
+                    if self.handled_request.as_deref() == Some(request.id.as_str()) {
+                        continue;
+                    }
+                    self.handled_request = Some(request.id.clone());
+                    if request.to == self.config.candidate.id
+                        || !request.addressed_to(&self.config.candidate.id)
+                    {
+                        continue;
+                    }
+                    span_info(&office.span, &format!("a hand-over to {} was requested through the store", request.to));
+                    match Box::pin(self.prepare_hand_over(contender, &mut health, office, request.to, request.window, None)).await {
+                        Some(ready) => {
+                            transfer = Some(ready);
+                            break (DemotionReason::HandedOver, None);
+                        }
+                        None => continue,
+                    }
+                }
                 changed = fence.changed() => if changed.is_err() {
                     break (DemotionReason::ConnectionLost, None);
                 },
@@ -1050,7 +1343,105 @@ impl<B: Backend> Engine<B> {
             stop_by,
             resign_done,
             health,
+            transfer,
         }
+    }
+
+    /// A hand-over asked of the leader, up to the moment its term may end: `to` is checked
+    /// to be a live candidate and, on stores that keep a line or a gate, named in the
+    /// leader's value (and, with a line, the others gone from ahead of it). `None`: refused
+    /// (the answer is sent, the term goes on). Bounded by the renew deadline, and abandoned
+    /// if the session is lost, as a proclaim is.
+    async fn prepare_hand_over(
+        &mut self,
+        contender: &mut ContenderOf<B>,
+        health: &mut watch::Receiver<SessionHealth>,
+        office: &Office,
+        to: String,
+        window: Option<Duration>,
+        done: Option<oneshot::Sender<Result<HandedOver>>>,
+    ) -> Option<Transfer> {
+        let window = window.unwrap_or(self.config.hand_over_window);
+        let refuse = |done: Option<oneshot::Sender<Result<HandedOver>>>, error: Error| {
+            ::metrics::counter!(
+                metrics::HAND_OVERS,
+                self.labels_base_with("outcome", "refused")
+            )
+            .increment(1);
+            span_info(&office.span, &format!("hand-over refused: {error}"));
+            if let Some(done) = done {
+                let _ = done.send(Err(error));
+            }
+            None
+        };
+        if to == self.config.candidate.id {
+            if let Some(done) = done {
+                let _ = done.send(Ok(HandedOver {
+                    to,
+                    fencing_token: Some(office.fencing_token),
+                }));
+            }
+            return None;
+        }
+        let (backend, name) = (self.backend.clone(), self.config.name.clone());
+        let checked = within_term(
+            health,
+            self.config.renew_deadline,
+            switchover::check_live(&backend, &name, &to),
+        )
+        .await;
+        if let Err(error) = checked {
+            return refuse(done, error);
+        }
+        let style = self.backend.info().hand_over;
+        if style != HandOverStyle::Escrow {
+            let named = office.leader.handing_over_to(&to, window);
+            let proclaimed = within_term(
+                health,
+                self.config.renew_deadline,
+                contender.proclaim(&named),
+            )
+            .await;
+            if let Err(error) = proclaimed {
+                return refuse(done, error);
+            }
+            if style == HandOverStyle::Line {
+                let until = Instant::now() + self.config.renew_interval;
+                let clear = within_term(health, self.config.renew_deadline, async {
+                    Ok(switchover::line_clear(&backend, &name, &to, until).await)
+                })
+                .await;
+                let refusal = match clear {
+                    Ok(Ok(())) => None,
+                    Ok(Err(ahead)) if ahead.is_empty() => Some(
+                        HandOverError::NotACandidate {
+                            to: to.clone(),
+                            live: None,
+                        }
+                        .into(),
+                    ),
+                    Ok(Err(ahead)) => Some(
+                        HandOverError::LineNotClear {
+                            to: to.clone(),
+                            ahead,
+                        }
+                        .into(),
+                    ),
+                    Err(error) => Some(error),
+                };
+                if let Some(error) = refusal {
+                    // The term goes on: the value names nobody again.
+                    let _ = within_term(
+                        health,
+                        self.config.renew_deadline,
+                        contender.proclaim(&office.leader),
+                    )
+                    .await;
+                    return refuse(done, error);
+                }
+            }
+        }
+        Some(Transfer { to, window, done })
     }
 
     /// After the term was cancelled: the status and the metrics stop saying "leader", the
@@ -1065,10 +1456,10 @@ impl<B: Backend> Engine<B> {
     ) -> (DemotionReason, bool) {
         let Office {
             span,
+            leader,
             fencing_token,
             in_force,
             mut guards,
-            ..
         } = office;
         let TermEnd {
             reason,
@@ -1076,6 +1467,7 @@ impl<B: Backend> Engine<B> {
             stop_by,
             resign_done,
             mut health,
+            transfer,
         } = end;
         self.status.send_modify(|s| {
             s.role = Role::SteppingDown;
@@ -1113,6 +1505,9 @@ impl<B: Backend> Engine<B> {
         {
             span.in_scope(|| tracing::warn!("the term's guards were still held; releasing anyway"));
         }
+        if let Some(transfer) = transfer {
+            return Box::pin(self.pass_on(contender, transfer, leader, &mut health, &span)).await;
+        }
         let released = matches!(
             timeout(self.config.renew_deadline, contender.release()).await,
             Ok(Ok(()))
@@ -1129,6 +1524,121 @@ impl<B: Backend> Engine<B> {
             let _ = done.send(());
         }
         (reason, released)
+    }
+
+    /// The end of a hand-over, once the old term's work has stopped: the next term is kept
+    /// for the target (escrow: the lock stays ours, naming it; line and gate: released, the
+    /// others keeping away) until it leads or the window ends, then the lock is released (a
+    /// no-op once the target took it). Returns as [`hand_over`](Self::hand_over) does.
+    async fn pass_on(
+        &mut self,
+        mut contender: ContenderOf<B>,
+        transfer: Transfer,
+        leader: Leader,
+        health: &mut watch::Receiver<SessionHealth>,
+        span: &tracing::Span,
+    ) -> (DemotionReason, bool) {
+        let Transfer { to, window, done } = transfer;
+        let until = Instant::now() + window;
+        self.inbox.transfer = Some(to.clone());
+        let deadline = self.config.renew_deadline;
+        let escrow = self.backend.info().hand_over == HandOverStyle::Escrow
+            && within_term(
+                health,
+                self.config.renew_deadline,
+                contender.proclaim(&leader.handing_over_to(&to, window)),
+            )
+            .await
+            .is_ok();
+        let mut released =
+            escrow || matches!(timeout(deadline, contender.release()).await, Ok(Ok(())));
+        let (outcome, shutdown) = {
+            let holding = escrow.then_some(&mut contender);
+            self.await_successor(holding, &to, window, until).await
+        };
+        if escrow {
+            released = matches!(timeout(deadline, contender.release()).await, Ok(Ok(())));
+        }
+        self.inbox.transfer = None;
+        let label = if outcome.is_ok() { "done" } else { "lapsed" };
+        ::metrics::counter!(metrics::HAND_OVERS, self.labels_base_with("outcome", label))
+            .increment(1);
+        span.in_scope(|| match &outcome {
+            Ok(_) => tracing::info!(to = %to, "handed over"),
+            Err(error) => tracing::warn!(to = %to, %error, "the hand-over did not complete"),
+        });
+        if let Some(done) = done {
+            let _ = done.send(outcome);
+        }
+        let reason = match shutdown {
+            true => DemotionReason::Shutdown,
+            false => DemotionReason::HandedOver,
+        };
+        (reason, released)
+    }
+
+    /// Follows the election until `to` leads, or `until`. Commands are answered meanwhile
+    /// (a hand-over: one is under way); `true` with the outcome when a shutdown came.
+    /// `holding`: the escrow's contender, whose loss (the target took the lock) is awaited
+    /// too.
+    async fn await_successor(
+        &mut self,
+        mut holding: Option<&mut ContenderOf<B>>,
+        to: &str,
+        window: Duration,
+        until: Instant,
+    ) -> (Result<HandedOver>, bool) {
+        let mut sightings = Sightings::default();
+        let name = self.config.name.clone();
+        let mut last_seen: Option<String> = None;
+        loop {
+            let taken = async {
+                match holding.as_deref_mut() {
+                    Some(contender) => contender.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                command = self.inbox.commands.recv() => match command {
+                    Some(Command::Shutdown { done }) => {
+                        self.inbox.shutdown_waiters.extend(done);
+                        return (Err(Error::Stopped), true);
+                    }
+                    None => return (Err(Error::Stopped), true),
+                    Some(Command::HandOver { done, .. }) => {
+                        if let Some(done) = done {
+                            let _ = done.send(Err(HandOverError::InProgress { to: to.to_owned() }.into()));
+                        }
+                    }
+                    Some(Command::Resign { done, yield_for, .. }) => {
+                        if let Some(yield_for) = yield_for {
+                            self.inbox.yield_for(yield_for);
+                        }
+                        let _ = done.send(());
+                    }
+                    Some(Command::Proclaim { done, .. }) => {
+                        let _ = done.send(Err(Error::NotLeader));
+                    }
+                },
+                leader = sightings.next(&self.backend, &name, &self.config) => {
+                    self.saw_leader(leader.clone());
+                    if let Some(leader) = leader {
+                        if switchover::took_office(&leader, to) {
+                            return (Ok(HandedOver { to: to.to_owned(), fencing_token: leader.fencing_token }), false);
+                        }
+                        if leader.candidate.id != self.config.candidate.id {
+                            last_seen = Some(leader.candidate.id.clone());
+                        }
+                    }
+                }
+                _ = taken => holding = None,
+                () = sleep_until(until) => {
+                    let lapsed = HandOverError::Lapsed { to: to.to_owned(), window, now: last_seen };
+                    return (Err(lapsed.into()), false);
+                }
+            }
+        }
     }
 
     /// Waits for an ended term's guards: at most the grace, and never past the lease's last
@@ -1185,6 +1695,7 @@ impl<B: Backend> Engine<B> {
     /// Leaves the queue (or releases) and reports a stop.
     async fn withdraw(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
+        self.drop_presence().await;
         Pursuit::Stop
     }
 
@@ -1194,12 +1705,61 @@ impl<B: Backend> Engine<B> {
     async fn step_aside(
         &mut self,
         mut contender: ContenderOf<B>,
-        done: oneshot::Sender<()>,
+        done: Option<oneshot::Sender<()>>,
     ) -> Pursuit<ContenderOf<B>> {
-        tracing::info!("resigned for a while: withdrawing the claim");
+        match &self.stepped_aside_for {
+            Some((to, _)) => {
+                tracing::info!(to = %to, "a hand-over is under way: stepping out of the line")
+            }
+            None => tracing::info!("resigned for a while: withdrawing the claim"),
+        }
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
-        let _ = done.send(());
+        self.drop_presence().await;
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
         Pursuit::Yield
+    }
+
+    /// Takes (or keeps) this candidate's presence record on `session`, on stores that keep
+    /// no line of candidates ([`switchover`]): a hand-over checks it. Bounded by the renew
+    /// deadline; a failure leaves the candidate without one (a hand-over to it is refused)
+    /// until the next attempt.
+    async fn keep_presence(&mut self, session: &B::Session) {
+        if self.backend.info().hand_over == HandOverStyle::Line {
+            return;
+        }
+        let id = session.id();
+        if self.presence.as_ref().is_some_and(|(of, _)| *of != id) {
+            // The old session's: it goes with that session.
+            self.presence = None;
+        }
+        let limit = self.config.renew_deadline;
+        if self.presence.is_none() {
+            let name = presence_name(&self.config.name, &self.config.candidate.id);
+            match timeout(limit, session.contend(&name, &self.config.candidate)).await {
+                Ok(Ok(presence)) => self.presence = Some((id, Mutex::new(presence))),
+                _ => return,
+            }
+        }
+        if let Some((_, presence)) = &mut self.presence
+            && !matches!(
+                timeout(limit, switchover::take_presence(get_mut(presence))).await,
+                Ok(true)
+            )
+        {
+            tracing::debug!(
+                "could not take this candidate's presence record; a hand-over to it is refused \
+                 until it can (is another candidate using the same id?)"
+            );
+        }
+    }
+
+    /// Gives up the presence record: this candidate is no longer live (it yields or stops).
+    async fn drop_presence(&mut self) {
+        if let Some((_, mut presence)) = self.presence.take() {
+            let _ = timeout(self.config.renew_deadline, get_mut(&mut presence).release()).await;
+        }
     }
 
     /// Sleeps until `until`, as [`Role::CoolingDown`], unless interrupted.
@@ -1209,6 +1769,33 @@ impl<B: Backend> Engine<B> {
             .unless_interrupted(Some(fence), sleep_until(until))
             .await
             .err()
+    }
+
+    /// Out of the line while a hand-over to `to` is under way (etcd, ZooKeeper): until a
+    /// leader that hands nothing over is seen (the target, or anyone after a lapse), or
+    /// `until`. `Err`: shut down meanwhile.
+    async fn wait_out_hand_over(&mut self, to: &str, until: Instant) -> Result<(), ()> {
+        self.set_role(Role::CoolingDown { until });
+        let (backend, config) = (self.backend.clone(), self.config.clone());
+        let mut sightings = Sightings::default();
+        let waiting = async {
+            loop {
+                match sightings.next(&backend, &config.name, &config).await {
+                    Some(leader) if leader.handing_over().is_none() => return Some(leader),
+                    _ => {}
+                }
+            }
+        };
+        let outcome = self
+            .inbox
+            .unless_interrupted(None, timeout_at(until, waiting))
+            .await
+            .map_err(|_| ())?;
+        if let Ok(leader) = outcome {
+            tracing::debug!(to = %to, "the hand-over is done: back in the line");
+            self.saw_leader(leader);
+        }
+        Ok(())
     }
 
     /// Sleeps for `delay` without a session. `Err`: shut down meanwhile.
@@ -1232,30 +1819,12 @@ impl<B: Backend> Engine<B> {
     ) -> Result<()> {
         let mut proclaimed = leader.clone();
         proclaimed.candidate.metadata = metadata;
-        {
-            let proclaiming = contender.proclaim(&proclaimed);
-            tokio::pin!(proclaiming);
-            loop {
-                let deadline = {
-                    let h = health.borrow_and_update();
-                    if h.lost.is_some() {
-                        return Err(Error::NotLeader);
-                    }
-                    h.confirmed_sent_at + self.config.renew_deadline
-                };
-                tokio::select! {
-                    biased;
-                    changed = health.changed() => if changed.is_err() {
-                        return Err(Error::NotLeader);
-                    },
-                    () = sleep_until(deadline) => return Err(Error::NotLeader),
-                    done = &mut proclaiming => {
-                        done?;
-                        break;
-                    }
-                }
-            }
-        }
+        within_term(
+            health,
+            self.config.renew_deadline,
+            contender.proclaim(&proclaimed),
+        )
+        .await?;
         Arc::make_mut(&mut self.config).candidate = proclaimed.candidate.clone();
         self.status
             .send_modify(|s| s.candidate = proclaimed.candidate.clone());
@@ -1367,6 +1936,44 @@ impl<B: Backend> Engine<B> {
     }
 }
 
+/// The inside of a mutex reached through `&mut`: no lock is taken.
+fn get_mut<T>(mutex: &mut Mutex<T>) -> &mut T {
+    mutex
+        .get_mut()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn span_info(span: &tracing::Span, message: &str) {
+    span.in_scope(|| tracing::info!("{message}"));
+}
+
+/// Runs `work` while the term can be trusted: `Err(NotLeader)` as soon as the session is
+/// lost or no renewal was confirmed within `renew_deadline`, abandoning `work`.
+async fn within_term<T>(
+    health: &mut watch::Receiver<SessionHealth>,
+    renew_deadline: Duration,
+    work: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::pin!(work);
+    loop {
+        let deadline = {
+            let h = health.borrow_and_update();
+            if h.lost.is_some() {
+                return Err(Error::NotLeader);
+            }
+            h.confirmed_sent_at + renew_deadline
+        };
+        tokio::select! {
+            biased;
+            changed = health.changed() => if changed.is_err() {
+                return Err(Error::NotLeader);
+            },
+            () = sleep_until(deadline) => return Err(Error::NotLeader),
+            done = &mut work => return done,
+        }
+    }
+}
+
 /// [`Fence::lost`], or never without a session.
 async fn lost_if(fence: Option<&mut Fence>) {
     match fence {
@@ -1401,6 +2008,7 @@ impl<O: Observer> Sightings<O> {
     async fn next<B: Backend<Observer = O>>(
         &mut self,
         backend: &B,
+        name: &str,
         config: &Config,
     ) -> Option<Leader> {
         loop {
@@ -1419,7 +2027,7 @@ impl<O: Observer> Sightings<O> {
                     if let Some(at) = self.retry_at {
                         sleep_until(at).await;
                     }
-                    match backend.observe(&config.name).await {
+                    match backend.observe(name).await {
                         Ok(observer) => {
                             self.observer = Some(observer);
                             self.retry_at = None;

@@ -50,7 +50,30 @@ pub struct Config {
     pub grace: Duration,
     /// Whether metrics carry a `candidate` label besides `election`.
     pub candidate_label: bool,
+    /// How long a hand-over keeps the next term for its target.
+    pub hand_over_window: Duration,
+    /// Whether the leader watches the election's request lock for hand-over requests.
+    pub switchover_requests: bool,
+    /// This candidate's priority: a live candidate of a higher one asks for the lead.
+    pub priority: Option<Priority>,
 }
+
+/// A candidate's priority (see [`ElectionBuilder::priority`](crate::ElectionBuilder::priority)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Priority {
+    /// Higher leads: a candidate asks the leader to hand over when the leader's is lower.
+    pub level: u32,
+    /// How long the candidate must have followed, alive and seeing the same leader, before
+    /// it asks; doubled after each request that did not make it lead.
+    pub settle: Duration,
+}
+
+/// The metadata key in which a candidate with a priority publishes it.
+pub const PRIORITY_KEY: &str = "incumbent.priority";
+
+/// Default settle time of a candidate with a priority: long enough that a node that comes
+/// back and crashes again does not take leadership back and forth.
+pub const DEFAULT_PRIORITY_SETTLE: Duration = Duration::from_secs(30);
 
 impl Config {
     pub(crate) fn session_options(&self) -> SessionOptions {
@@ -76,6 +99,9 @@ pub(crate) struct Draft {
     pub backoff: Backoff,
     pub grace: Option<Duration>,
     pub candidate_label: bool,
+    pub hand_over_window: Option<Duration>,
+    pub switchover_requests: Option<bool>,
+    pub priority: Option<Priority>,
 }
 
 impl Draft {
@@ -86,6 +112,10 @@ impl Draft {
             None => default_candidate_id(),
         };
         validate_candidate(&id, &self.metadata)?;
+        let mut metadata = self.metadata;
+        if let Some(priority) = self.priority {
+            metadata.insert(PRIORITY_KEY.to_owned(), priority.level.to_string());
+        }
         let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
         if ttl < backend.min_ttl || ttl > backend.max_ttl {
             return Err(Error::timing(format!(
@@ -117,6 +147,8 @@ impl Draft {
             ("backoff max", Some(backoff.max)),
             ("lock_delay", self.lock_delay),
             ("grace", self.grace),
+            ("hand_over_window", self.hand_over_window),
+            ("priority settle", self.priority.map(|p| p.settle)),
         ] {
             if let Some(value) = value.filter(|v| *v > MAX_DURATION_SETTING) {
                 return Err(Error::timing(format!(
@@ -152,10 +184,7 @@ impl Draft {
         }
         Ok(Config {
             name: self.name,
-            candidate: Candidate {
-                id,
-                metadata: self.metadata,
-            },
+            candidate: Candidate { id, metadata },
             ttl,
             renew_interval,
             renew_deadline,
@@ -163,6 +192,18 @@ impl Draft {
             backoff,
             grace: self.grace.unwrap_or(DEFAULT_GRACE),
             candidate_label: self.candidate_label,
+            hand_over_window: match self.hand_over_window {
+                Some(window) if window.is_zero() => {
+                    return Err(Error::timing(
+                        "hand_over_window is zero: the target could never take office; give \
+                         it at least the time the target needs to see the reservation",
+                    ));
+                }
+                Some(window) => window,
+                None => ttl,
+            },
+            switchover_requests: self.switchover_requests.unwrap_or(true),
+            priority: self.priority,
         })
     }
 }
@@ -210,6 +251,16 @@ fn validate_candidate(id: &str, metadata: &BTreeMap<String, String>) -> Result<(
     }
     if id.chars().any(char::is_control) {
         return bad("the candidate id has a control character; use printable text".into());
+    }
+    if let Some(key) = metadata
+        .keys()
+        .find(|k| k.starts_with(crate::switchover::RESERVED_METADATA_PREFIX))
+    {
+        return bad(format!(
+            "the metadata key {key:?} starts with {:?}, which incumbent keeps for its own \
+             entries; rename it",
+            crate::switchover::RESERVED_METADATA_PREFIX
+        ));
     }
     if let Some(key) = metadata.keys().find(|k| k.is_empty()) {
         return bad(format!(
@@ -285,6 +336,7 @@ mod tests {
             renew_divisor: 3,
             max_lock_delay,
             frees_dead_holder_at_once: false,
+            hand_over: crate::backend::HandOverStyle::Escrow,
         };
         let draft = |delay: u64| Draft {
             name: "e".into(),

@@ -144,6 +144,42 @@ impl<B: Backend> ElectionBuilder<B> {
         self
     }
 
+    /// How long a hand-over keeps the next term for its target
+    /// ([`CampaignHandle::hand_over`]): if the target has not taken office by then, the
+    /// reservation lapses and an open election follows (default: the ttl, the time a
+    /// crashed leader takes to be replaced anyway). See [`switchover`](crate::switchover).
+    pub fn hand_over_window(mut self, window: Duration) -> Self {
+        self.draft.hand_over_window = Some(window);
+        self
+    }
+
+    /// Whether this candidate, while it leads, serves hand-over requests that come through
+    /// the store (`incumbent switchover`, [`Election::hand_over`],
+    /// [`CampaignHandle::hand_over`] called on a follower, a candidate of higher
+    /// [`priority`](Self::priority)) (default: on). It costs the leader one watch of the
+    /// election's request lock (`<election>/.switchover`): on memcached, one read per poll.
+    pub fn switchover_requests(mut self, on: bool) -> Self {
+        self.draft.switchover_requests = Some(on);
+        self
+    }
+
+    /// Makes this a preferred candidate: while it is live, follows, and has seen the same
+    /// leader for `settle` (default [`DEFAULT_PRIORITY_SETTLE`](crate::config::DEFAULT_PRIORITY_SETTLE)
+    /// with [`priority`](Self::priority)), and that leader's priority is lower (a candidate
+    /// without one counts as 0), it asks for a hand-over to itself. A request that does not
+    /// make it lead doubles the settle time before the next, so leadership never flaps; two
+    /// candidates of equal priority never take it from each other. Kafka's preferred leader,
+    /// for any service. The level is published in the metadata (`incumbent.priority`).
+    pub fn priority_with_settle(mut self, level: u32, settle: Duration) -> Self {
+        self.draft.priority = Some(crate::config::Priority { level, settle });
+        self
+    }
+
+    /// [`priority_with_settle`](Self::priority_with_settle) with the default settle time.
+    pub fn priority(self, level: u32) -> Self {
+        self.priority_with_settle(level, crate::config::DEFAULT_PRIORITY_SETTLE)
+    }
+
     /// What [`run`](Election::run) does when the worker ends while leader (default: resign).
     pub fn on_worker_exit(mut self, policy: OnWorkerExit) -> Self {
         self.on_worker_exit = policy;
@@ -253,6 +289,25 @@ impl<B: Backend> Election<B> {
         use crate::backend::Observer as _;
         let mut observer = self.backend.observe(&self.config.name).await?;
         observer.next().await
+    }
+
+    /// Asks the leader to hand the election over to the candidate `to`, without campaigning,
+    /// and returns once `to` leads: through the store's request lock, with a session of this
+    /// election's ttl, waiting at most `timeout`. `window`: the reservation window the leader
+    /// keeps (`None`: its own setting). See [`switchover`](crate::switchover) for the steps
+    /// and the errors; `incumbent switchover` is this call.
+    pub async fn hand_over(
+        &self,
+        to: &str,
+        window: Option<Duration>,
+        timeout: Duration,
+    ) -> Result<crate::HandedOver> {
+        let options = crate::switchover::RequestOptions {
+            session: self.config.session_options(),
+            window,
+            timeout,
+        };
+        crate::switchover::request(&self.backend, &self.config.name, to, &options).await
     }
 
     /// The candidates of this election in the order the store hands it on, the leader

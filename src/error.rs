@@ -107,6 +107,10 @@ pub enum Error {
         "this candidate does not lead the election; only the leader can proclaim (set the metadata of later campaigns with ElectionBuilder::metadata)"
     )]
     NotLeader,
+    /// A hand-over ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)) was
+    /// refused, or did not complete; the variant says why.
+    #[error("hand-over: {0}")]
+    HandOver(#[from] crate::switchover::HandOverError),
     /// A worker run by [`Election::run`](crate::Election::run) failed and the policy was to stop.
     #[error("the worker failed: {0}")]
     Worker(String),

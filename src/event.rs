@@ -70,6 +70,10 @@ pub enum DemotionReason {
     RenewDeadlineExceeded,
     /// The connection to the store was lost for longer than the session can survive.
     ConnectionLost,
+    /// The term was handed over to a named candidate
+    /// ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)): a planned end, not a
+    /// loss.
+    HandedOver,
     /// The campaign's task panicked (a bug, in this crate or in code it calls, such as a
     /// `tracing` subscriber). The term was ended as the panic unwound; the campaign reports
     /// the panic in [`Status::problem`] and campaigns again after a back-off.
@@ -90,6 +94,7 @@ impl DemotionReason {
             DemotionReason::RenewDeadlineExceeded => "renew_deadline_exceeded",
             DemotionReason::ConnectionLost => "connection_lost",
             DemotionReason::CampaignPanicked => "campaign_panicked",
+            DemotionReason::HandedOver => "handed_over",
         }
     }
 
@@ -101,6 +106,7 @@ impl DemotionReason {
                 | DemotionReason::WorkerExited
                 | DemotionReason::WorkerFailed
                 | DemotionReason::Shutdown
+                | DemotionReason::HandedOver
         )
     }
 

@@ -171,6 +171,9 @@ impl Backend for FileBackend {
         BackendInfo {
             // The kernel drops a dead process's lock at once.
             frees_dead_holder_at_once: true,
+            // A `flock` cannot change hands: the leader names the target in the leader file
+            // and releases; whoever gets the lock reads the name under it.
+            hand_over: crate::backend::HandOverStyle::Gate,
             ..BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
         }
     }
@@ -363,12 +366,14 @@ impl Contender for FileContender {
         let outcome = blocking(move || {
             let file = match file {
                 Some(file) => file,
-                None if waiting => return Ok(Err(read_leader(&paths))),
+                None if waiting => return Ok(Err(NotTaken::Held(read_leader(&paths)))),
                 None => {
                     let file = open_lock(&paths.lock)?;
                     match file.try_lock() {
                         Ok(()) => file,
-                        Err(TryLockError::WouldBlock) => return Ok(Err(read_leader(&paths))),
+                        Err(TryLockError::WouldBlock) => {
+                            return Ok(Err(NotTaken::Held(read_leader(&paths))));
+                        }
                         Err(TryLockError::Error(e)) => {
                             return Err(io("cannot lock", &paths.lock)(e));
                         }
@@ -377,7 +382,13 @@ impl Contender for FileContender {
             };
             if !still_at(&file, &paths.lock) {
                 // Locked a file that was deleted meanwhile: worthless. Try again afresh.
-                return Ok(Err(None));
+                return Ok(Err(NotTaken::Held(None)));
+            }
+            if let Some(left) = reserved_for_another(&paths, &candidate.id) {
+                // The last leader handed over to another candidate: let go (closing the file
+                // lets the next waiter in) until the window ends.
+                drop(file);
+                return Ok(Err(NotTaken::Reserved(left)));
             }
             let token = take_office(&paths, &candidate)?;
             Ok(Ok((file, token)))
@@ -390,7 +401,10 @@ impl Contender for FileContender {
                     fencing_token: token,
                 })
             }
-            Err(holder) => Ok(Attempt::Held { holder }),
+            Err(NotTaken::Held(holder)) => Ok(Attempt::Held { holder }),
+            Err(NotTaken::Reserved(left)) => Ok(Attempt::Delayed {
+                until: tokio::time::Instant::now() + left,
+            }),
         }
     }
 
@@ -476,6 +490,29 @@ impl Contender for FileContender {
         }
         Ok(())
     }
+}
+
+/// Why an acquisition did not take the lock.
+enum NotTaken {
+    /// Another process holds it (the leader, if it could be read).
+    Held(Option<Leader>),
+    /// It is kept for another candidate, for this long yet.
+    Reserved(Duration),
+}
+
+/// How long the leader file still keeps the lock for a candidate other than `id`, after a
+/// hand-over ([`Leader::handing_over`]): judged by this host's clock, which every candidate
+/// of the file backend shares.
+fn reserved_for_another(paths: &Paths, id: &str) -> Option<Duration> {
+    let bytes = std::fs::read(&paths.leader).ok()?;
+    let reservation = Leader::from_bytes(&bytes).handing_over()?;
+    if reservation.to == id {
+        return None;
+    }
+    let ends = reservation.at_unix_ms.saturating_add(reservation.window_ms);
+    let left = ends.checked_sub(unix_ms_now()).filter(|left| *left > 0)?;
+    // A reservation from the future (a clock stepped back) is kept at most its window.
+    Some(Duration::from_millis(left.min(reservation.window_ms)))
 }
 
 /// The leader, if the lock is held: tested with a shared non-blocking lock.

@@ -238,6 +238,7 @@ mod queue;
 pub mod redis;
 mod runner;
 mod secret;
+pub mod switchover;
 mod term;
 pub mod time;
 pub mod url;
@@ -249,6 +250,7 @@ pub use election::{Election, ElectionBuilder};
 pub use error::{Error, Result};
 pub use event::{Demotion, DemotionReason, LeadershipEvent, Problem, Role, Status};
 pub use runner::{OnWorkerExit, Runner, WorkerOutcome};
+pub use switchover::{HandOverError, HandedOver};
 pub use term::{Gap, Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;

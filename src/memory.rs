@@ -545,6 +545,55 @@ impl Contender for MemoryContender {
         Ok(Attempt::Won { fencing_token })
     }
 
+    /// Takes the lock from a holder whose value, still as `holder` shows it, names this
+    /// candidate as the target of a hand-over.
+    async fn take_over(&mut self, holder: &Leader) -> Result<Attempt> {
+        let named = holder
+            .handing_over()
+            .is_some_and(|h| h.to == self.candidate.id);
+        let from = {
+            self.backend.gate().await?;
+            let mut state = self.backend.store.lock();
+            if !state.sessions.contains_key(&self.session) {
+                return Err(Error::Store {
+                    backend: NAME,
+                    reason: "the session no longer exists".into(),
+                });
+            }
+            let entry = state.election(&self.election);
+            match &entry.holder {
+                Some(holding) if named && holding.leader == *holder => {
+                    let from = holding.session;
+                    entry.last_token += 1;
+                    let fencing_token = entry.last_token;
+                    entry.holder = Some(Holding {
+                        session: self.session,
+                        contender: self.id,
+                        leader: Leader {
+                            candidate: self.candidate.clone(),
+                            fencing_token: Some(fencing_token),
+                            since_unix_ms: Some(unix_ms_now()),
+                        },
+                    });
+                    entry.version.send_modify(|v| *v += 1);
+                    self.version.borrow_and_update();
+                    if let Some(session) = state.sessions.get_mut(&from) {
+                        session.held.remove(&self.election);
+                    }
+                    if let Some(session) = state.sessions.get_mut(&self.session) {
+                        session.held.insert(self.election.clone());
+                    }
+                    Some(fencing_token)
+                }
+                _ => None,
+            }
+        };
+        match from {
+            Some(fencing_token) => Ok(Attempt::Won { fencing_token }),
+            None => self.acquire().await,
+        }
+    }
+
     async fn wait(&mut self) -> Result<()> {
         self.backend
             .changed(&self.election, &mut self.version)

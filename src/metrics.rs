@@ -9,6 +9,7 @@
 //! | `incumbent_is_leader` | gauge | `election` | 1 while this candidate leads, else 0 (from the campaign's start) |
 //! | `incumbent_elections_won_total` | counter | `election` | terms won |
 //! | `incumbent_demotions_total` | counter | `election`, `reason` | terms lost, by [`DemotionReason::as_str`](crate::DemotionReason::as_str) |
+//! | `incumbent_hand_overs_total` | counter | `election`, `outcome` | hand-overs made as leader: `done`, `lapsed`, `refused` ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)); the term's end counts in `incumbent_demotions_total` as `reason="handed_over"`, not as a loss |
 //! | `incumbent_campaign_attempts_total` | counter | `election`, `result` | acquisition attempts: `won`, `held`, `delayed`, `error` |
 //! | `incumbent_renewals_total` | counter | `backend`, `session`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
 //! | `incumbent_renew_latency_seconds` | histogram | `backend`, `session` | time for one session renewal round trip |
@@ -72,6 +73,10 @@ pub const IS_LEADER: &str = "incumbent_is_leader";
 pub const ELECTIONS_WON: &str = "incumbent_elections_won_total";
 /// Counter: terms lost, labelled by `reason`.
 pub const DEMOTIONS: &str = "incumbent_demotions_total";
+/// Counter: hand-overs this candidate made or refused as leader, labelled by `outcome`:
+/// `done` (the target leads), `lapsed` (it did not take office within the window),
+/// `refused` (it was not a live candidate, or the line did not clear; nothing moved).
+pub const HAND_OVERS: &str = "incumbent_hand_overs_total";
 /// Counter: acquisition attempts, labelled by `result`.
 pub const CAMPAIGN_ATTEMPTS: &str = "incumbent_campaign_attempts_total";
 /// Counter: session renewals, labelled by `backend`, `session` and `result`.

@@ -121,6 +121,12 @@ impl Runner {
         self.handle.resign_for(duration).await
     }
 
+    /// Hands the election over to the candidate `to` (the worker stops first, as for a
+    /// resign), and returns once `to` leads. See [`CampaignHandle::hand_over`].
+    pub async fn hand_over(&self, to: impl Into<String>) -> Result<crate::HandedOver> {
+        self.handle.hand_over(to).await
+    }
+
     /// Sets the metadata others read while this candidate leads. See
     /// [`CampaignHandle::proclaim`].
     pub async fn proclaim(&self, metadata: BTreeMap<String, String>) -> Result<()> {

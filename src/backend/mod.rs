@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::Result;
+pub use crate::switchover::HandOverStyle;
 
 /// A number that is strictly greater for every new term of an election than for any earlier term.
 ///
@@ -172,6 +173,9 @@ pub struct BackendInfo {
     /// leader ([`Gap::without_leader`](crate::Gap::without_leader)) from the lock being free
     /// when it is `true`, from one ttl before that when it is `false`.
     pub frees_dead_holder_at_once: bool,
+    /// How the store keeps the next term for the target of a hand-over
+    /// ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)).
+    pub hand_over: HandOverStyle,
 }
 
 impl BackendInfo {
@@ -187,6 +191,7 @@ impl BackendInfo {
             renew_divisor: DEFAULT_RENEW_INTERVAL_DIVISOR,
             max_lock_delay: None,
             frees_dead_holder_at_once: false,
+            hand_over: HandOverStyle::Escrow,
         }
     }
 }
@@ -368,6 +373,16 @@ pub trait Contender: Send + 'static {
     /// been cancelled, bounded by the campaign; the default keeps the reason as it was.
     fn explain(&mut self, loss: LockLoss) -> impl Future<Output = LockLoss> + Send {
         std::future::ready(loss)
+    }
+
+    /// Takes the lock over from `holder`, a leader whose value names this candidate as the
+    /// target of a hand-over ([`Leader::handing_over`]), in one conditional write that
+    /// succeeds only while that value is still there: the new term's token is greater than
+    /// the old one's. Stores of [`HandOverStyle::Escrow`] implement it; the default, for the
+    /// others, is [`acquire`](Contender::acquire).
+    fn take_over(&mut self, holder: &Leader) -> impl Future<Output = Result<Attempt>> + Send {
+        let _ = holder;
+        self.acquire()
     }
 
     /// Updates the value others read (identity and metadata) while holding the lock.

@@ -256,6 +256,62 @@ impl Contender for ConsulContender {
         }
     }
 
+    /// Moves the lock from the holder's session to ours in one transaction, only while the
+    /// key still holds the value that names this candidate as the target of a hand-over
+    /// (its modify index unchanged); the new term's token is the key's new modify index.
+    async fn take_over(&mut self, _holder: &Leader) -> Result<Attempt> {
+        if self.held.is_some() || !self.session.claim(&self.key, self.id) {
+            return self.acquire().await;
+        }
+        let read = match self.read(true).await {
+            Ok(read) => read,
+            Err(e) => {
+                self.session.unclaim(&self.key, self.id);
+                return Err(e);
+            }
+        };
+        self.index = read.index;
+        let escrow = read.entry.as_ref().filter(|entry| {
+            Leader::from_bytes(&entry.value)
+                .handing_over()
+                .is_some_and(|h| h.to == self.candidate.id)
+        });
+        let (Some(entry), Some(from)) = (escrow, escrow.and_then(|e| e.session.clone())) else {
+            self.session.unclaim(&self.key, self.id);
+            return self.acquire().await;
+        };
+        self.value = Leader {
+            candidate: self.candidate.clone(),
+            fencing_token: None,
+            since_unix_ms: Some(unix_ms_now()),
+        }
+        .to_bytes();
+        let moved = self
+            .backend
+            .client()
+            .kv_move_lock(
+                &self.key,
+                entry.modify_index,
+                &from,
+                &self.session.id,
+                &self.value,
+            )
+            .await
+            .map_err(error::from_client);
+        match moved {
+            Ok(true) => self.confirm().await,
+            Ok(false) => {
+                self.session.unclaim(&self.key, self.id);
+                self.acquire().await
+            }
+            Err(e) => {
+                // The transaction may have gone through: the claim stays, so that a release
+                // frees the key.
+                Err(e)
+            }
+        }
+    }
+
     async fn wait(&mut self) -> Result<()> {
         loop {
             // Subscribed before the claim is checked, so that no unclaim goes unseen.

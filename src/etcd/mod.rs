@@ -403,7 +403,11 @@ impl Backend for EtcdBackend {
     type Observer = EtcdObserver;
 
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
+        BackendInfo {
+            // The store hands the lock to the next key in line.
+            hand_over: crate::backend::HandOverStyle::Line,
+            ..BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
+        }
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<EtcdSession> {

@@ -14,7 +14,7 @@ use crate::backend::{Leader, Observer};
 /// The first [`next`](Observer::next) reads the holder at once. Later calls wait, on a watch
 /// of the range, for an event that can change the holder (its key deleted or rewritten, or a
 /// first key in an empty range), re-read it, and return it if its identity, metadata or
-/// fencing token changed. A change of `since_unix_ms` alone is not reported. A watch that
+/// fencing token changed. A change of `since_unix_ms` alone is not reported, but for its first appearance. A watch that
 /// breaks or is cancelled by compaction is re-established from a fresh read; `next` returns
 /// an error only when that read fails, i.e. the store cannot be reached.
 pub struct EtcdObserver {
@@ -80,10 +80,12 @@ impl EtcdObserver {
     }
 }
 
-/// What a change must touch to be reported: the identity, metadata and fencing token.
+/// What a change must touch to be reported: the identity, metadata and fencing token, and
+/// whether the term's start is known (the winner writes it right after the win: until then
+/// the holder's key may be a dead candidate's).
 fn identity(holder: &Option<(Vec<u8>, Leader)>) -> Option<Leader> {
     holder.as_ref().map(|(_, leader)| Leader {
-        since_unix_ms: None,
+        since_unix_ms: leader.since_unix_ms.map(|_| 0),
         ..leader.clone()
     })
 }

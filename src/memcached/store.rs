@@ -185,15 +185,20 @@ impl Store for Client {
         parse_counter(counter, &item.value).map(Some)
     }
 
-    /// `gets` the key; when absent, a token from the counter (raised past the floor when it
-    /// went back), then `add`. A lost `add` race skips a token, which is harmless.
+    /// `gets` the key; when absent (or holding the claim's escrow), a token from the counter
+    /// (raised past the floor when it went back), then `add` (or a `cas` from the escrow). A
+    /// lost race skips a token, which is harmless.
     async fn acquire(&self, claim: Claim<'_>) -> Result<Acquired> {
-        if let Some(item) = self.get(claim.key).await? {
-            return Ok(Acquired::Held {
-                value: Some(item.value),
-                expires_in: None,
-            });
-        }
+        let escrow = match self.get(claim.key).await? {
+            Some(item) if claim.escrow == Some(item.value.as_slice()) => claim.escrow,
+            Some(item) => {
+                return Ok(Acquired::Held {
+                    value: Some(item.value),
+                    expires_in: None,
+                });
+            }
+            None => None,
+        };
         let (mut token, created) = self.next_token(claim.counter).await?;
         // A counter that this candidate saw before and is now missing was lost (a restart,
         // an eviction) with the lock: the last leader may not know yet, so this term waits,
@@ -209,8 +214,18 @@ impl Store for Client {
                 })?;
         }
         let value = [claim.before, token.to_string().as_bytes(), claim.after].concat();
-        let exptime = exptime(claim.ttl).unsigned_abs();
-        if !self.add(claim.key, &value, exptime).await? {
+        let taken = match escrow {
+            Some(escrow) => {
+                self.rewrite(claim.key, escrow, &value, exptime(claim.ttl))
+                    .await?
+                    == Cas::Stored
+            }
+            None => {
+                self.add(claim.key, &value, exptime(claim.ttl).unsigned_abs())
+                    .await?
+            }
+        };
+        if !taken {
             let holder = self.get(claim.key).await?;
             return Ok(Acquired::Held {
                 value: holder.map(|item| item.value),

@@ -35,7 +35,8 @@ impl Statements {
         let ms = "(extract(epoch FROM clock_timestamp()) * 1000)::int8";
         Statements {
             // $1 key, $2 value before the token, $3 after it, $4 ttl in ms, $5 the floor (the
-            // highest token this process saw), $6 the NOTIFY channel.
+            // highest token this process saw), $6 the NOTIFY channel, $7 a hand-over's escrow
+            // ('' for none): the row is taken while its holder is exactly that, too.
             //
             // The row is taken when it is free (no holder, or its lease ran out on the
             // database's clock), with the token max(the row's token + 1, the database's
@@ -56,7 +57,8 @@ impl Statements {
                          token = greatest(l.token + 1, EXCLUDED.token), \
                          expires_at = EXCLUDED.expires_at \
                      WHERE (l.holder IS NULL OR l.expires_at IS NULL \
-                            OR l.expires_at <= clock_timestamp()) \
+                            OR l.expires_at <= clock_timestamp() \
+                            OR ($7 <> '' AND l.holder = $7)) \
                        AND l.token >= 0 AND l.token < {MAX_TOKEN_SQL} \
                    RETURNING l.token, l.holder, pg_notify($6, $1) \
                  ) \
@@ -314,6 +316,7 @@ impl Store for PostgresStore {
         let (before, after) = (Self::text(claim.before), Self::text(claim.after));
         let floor = i64::try_from(claim.floor).unwrap_or(i64::MAX - 1);
         let ttl = millis(claim.ttl);
+        let escrow = claim.escrow.map(Self::text).unwrap_or_default();
         let rows = self
             .conn
             .query(
@@ -325,6 +328,7 @@ impl Store for PostgresStore {
                     (&ttl, Type::INT8),
                     (&floor, Type::INT8),
                     (&self.channel, Type::TEXT),
+                    (&escrow, Type::TEXT),
                 ],
             )
             .await?;

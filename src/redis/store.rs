@@ -11,7 +11,8 @@ use super::{NAME, Notifications, RedisConfig, from_redis};
 use crate::backend::polled::{Acquired, Claim, KeyState, Renewing, Store, checked_token};
 use crate::{Error, Result};
 
-/// Takes KEYS[1] if it does not exist, with a new token from the counter KEYS[2]: the
+/// Takes KEYS[1] if it does not exist (or holds exactly ARGV[5], a hand-over's escrow, when
+/// that is not empty), with a new token from the counter KEYS[2]: the
 /// greatest of the counter + 1, the server's clock in milliseconds (`TIME`) and the floor
 /// ARGV[4] + 1, so a counter that Redis lost (a restart without persistence, a failover to a
 /// replica that missed the last write) starts again above every token handed out before. The
@@ -24,7 +25,7 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local holder = redis.call('GET', KEYS[1])
-if holder then
+if holder and (ARGV[5] == '' or holder ~= ARGV[5]) then
   return {0, holder}
 end
 local raw = redis.call('GET', KEYS[2])
@@ -48,7 +49,7 @@ if (not raw and floor > 0) or counter < floor then
 end
 local text = string.format('%.0f', token)
 redis.call('SET', KEYS[2], text)
-redis.call('SET', KEYS[1], ARGV[1] .. text .. ARGV[2], 'NX', 'PX', ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1] .. text .. ARGV[2], 'PX', ARGV[3])
 return {outcome, text}
 ",
     )
@@ -195,6 +196,7 @@ impl Store for RedisStore {
             .arg(claim.after)
             .arg(millis(claim.ttl))
             .arg(claim.floor)
+            .arg(claim.escrow.unwrap_or_default())
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(from_redis)?;

@@ -23,7 +23,9 @@ type Watch = Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>;
 /// The first [`next`](Observer::next) reads the holder at once. Later calls wait for a watch
 /// to fire (a candidate joined or left, the holder's value changed, the election's node was
 /// created), re-read the holder, and return it if its identity, metadata or fencing token
-/// changed; a change of `since_unix_ms` alone is not reported. Observers read with a session
+/// changed, or its term's start appeared (the winner writes it right after the win: until
+/// then the holder's node may be a dead candidate's); another change of `since_unix_ms` alone
+/// is not reported. Observers read with a session
 /// of the backend's own, reconnected if it ends; `next` returns an error only when the
 /// ensemble cannot be reached.
 pub struct ZookeeperObserver {
@@ -44,10 +46,11 @@ impl std::fmt::Debug for ZookeeperObserver {
     }
 }
 
-/// What a change must touch to be reported: the identity, metadata and fencing token.
+/// What a change must touch to be reported: the identity, metadata and fencing token, and
+/// whether the term's start is known.
 fn identity(holder: &Option<Holder>) -> Option<Leader> {
     holder.as_ref().map(|holder| Leader {
-        since_unix_ms: None,
+        since_unix_ms: holder.leader.since_unix_ms.map(|_| 0),
         ..holder.leader.clone()
     })
 }

@@ -273,6 +273,7 @@ impl<S: Store> PolledContender<S> {
             after,
             ttl: self.session.options.ttl,
             floor: 0,
+            escrow: None,
         };
         let store = self.session.backend.store();
         let Some(settled) = store.settle(claim, token).await? else {
@@ -300,28 +301,9 @@ impl<S: Store> PolledContender<S> {
 /// the expiry to have passed on the store's clock too, never a hot loop.
 const EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
 
-/// What every value starts with: the token comes first.
-const VALUE_PREFIX: &[u8] = b"{\"fencing_token\":";
-
-/// A value this crate wrote, split: its token, and what follows the token.
-fn split_value(value: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = value.strip_prefix(VALUE_PREFIX)?;
-    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-    let token = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
-    Some((token, &rest[digits..]))
-}
-
-/// The owner id in a stored value, if it is a value this crate wrote.
-fn owner_of(value: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Owned {
-        owner: String,
-    }
-    serde_json::from_slice::<Owned>(value).ok().map(|o| o.owner)
-}
-
-impl<S: Store> Contender for PolledContender<S> {
-    async fn acquire(&mut self) -> Result<Attempt> {
+impl<S: Store> PolledContender<S> {
+    /// [`acquire`](Contender::acquire), taking the key also while it holds `escrow`.
+    async fn acquire_or_take_over(&mut self, escrow: Option<Vec<u8>>) -> Result<Attempt> {
         // Changes from now on wake `wait`.
         if let Some(pushed) = &mut self.pushed {
             pushed.borrow_and_update();
@@ -341,7 +323,11 @@ impl<S: Store> Contender for PolledContender<S> {
             }
             self.forget();
         }
-        if let Some(until) = self.backend().courtesy(&self.key, self.handle) {
+        if let Some(until) = self
+            .backend()
+            .courtesy(&self.key, self.handle)
+            .filter(|_| escrow.is_none())
+        {
             // Our campaign released the lock a moment ago and followers poll: those in other
             // processes would lose the race to our own retry every time.
             return Ok(Attempt::Delayed { until });
@@ -360,6 +346,7 @@ impl<S: Store> Contender for PolledContender<S> {
             after: &after,
             ttl: self.session.options.ttl,
             floor,
+            escrow: escrow.as_deref(),
         };
         let sent = Instant::now();
         // Until the store answers, the key may be ours without our knowing (a lost answer).
@@ -406,6 +393,44 @@ impl<S: Store> Contender for PolledContender<S> {
             Some(sent),
         )
         .await
+    }
+}
+
+/// What every value starts with: the token comes first.
+const VALUE_PREFIX: &[u8] = b"{\"fencing_token\":";
+
+/// A value this crate wrote, split: its token, and what follows the token.
+fn split_value(value: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = value.strip_prefix(VALUE_PREFIX)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let token = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+    Some((token, &rest[digits..]))
+}
+
+/// The owner id in a stored value, if it is a value this crate wrote.
+fn owner_of(value: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Owned {
+        owner: String,
+    }
+    serde_json::from_slice::<Owned>(value).ok().map(|o| o.owner)
+}
+
+impl<S: Store> Contender for PolledContender<S> {
+    async fn acquire(&mut self) -> Result<Attempt> {
+        self.acquire_or_take_over(None).await
+    }
+
+    /// Reads the key: while it still holds a leader's value that names this candidate as
+    /// the target of a hand-over, takes it in one conditional write of exactly those bytes.
+    async fn take_over(&mut self, _holder: &Leader) -> Result<Attempt> {
+        let store = self.session.backend.store();
+        let escrow = store.read(&self.key).await?.filter(|value| {
+            Leader::from_bytes(value)
+                .handing_over()
+                .is_some_and(|h| h.to == self.candidate.id)
+        });
+        self.acquire_or_take_over(escrow).await
     }
 
     async fn wait(&mut self) -> Result<()> {

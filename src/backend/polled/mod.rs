@@ -189,6 +189,9 @@ pub struct Claim<'a> {
     pub ttl: Duration,
     /// The highest token seen for the election: the new one must be greater.
     pub floor: u64,
+    /// A hand-over's escrow: the key is taken also while it holds exactly these bytes (a
+    /// leader's value that names this candidate as its successor), in the same atomic step.
+    pub escrow: Option<&'a [u8]>,
 }
 
 /// Keeps [`Store`] to this crate's stores.
@@ -223,7 +226,8 @@ pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
     /// The value of a fencing counter, `None` while it is absent.
     fn counter(&self, counter: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
 
-    /// Takes the claim's key if it is absent, with a token above the claim's floor, above
+    /// Takes the claim's key if it is absent (or holds the claim's escrow), with a token above
+    /// the claim's floor, above
     /// every token the store handed out for the election before (its counter), and, where
     /// the counter can vanish or go back, at least the store's clock in milliseconds.
     fn acquire(&self, claim: Claim<'_>) -> impl Future<Output = Result<Acquired>> + Send;

@@ -537,6 +537,43 @@ impl ConsulClient {
         self.decode_ok(OP, answer)
     }
 
+    /// Moves a lock from session `from` to session `to` in one transaction
+    /// (`PUT /v1/txn`): only while the key's `ModifyIndex` is still `index`,
+    /// it is unlocked by `from` and locked by `to` with `value`. `false` when
+    /// a check failed (Consul answers 409 and applies nothing).
+    pub async fn kv_move_lock(
+        &self,
+        key: &str,
+        index: u64,
+        from: &str,
+        to: &str,
+        value: &[u8],
+    ) -> Result<bool, ConsulError> {
+        const OP: &str = "kv move lock";
+        use base64::Engine as _;
+        let key = key.strip_prefix('/').unwrap_or(key);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(value);
+        let ops = serde_json::json!([
+            {"KV": {"Verb": "check-index", "Key": key, "Index": index}},
+            {"KV": {"Verb": "unlock", "Key": key, "Session": from, "Value": encoded}},
+            {"KV": {"Verb": "lock", "Key": key, "Session": to, "Value": encoded}},
+        ]);
+        let url = self.url(&["txn"], Scope::Namespaced, &[])?;
+        let body = serde_json::to_vec(&ops).unwrap_or_default();
+        match self
+            .send(OP, Method::PUT, url, Some(body), self.inner.timeout)
+            .await
+        {
+            Ok(answer) if answer.status.is_success() => Ok(true),
+            Ok(answer) => Err(ConsulError::InvalidResponse {
+                operation: OP,
+                reason: format!("status {} to a transaction", answer.status),
+            }),
+            Err(ConsulError::BadRequest { status: 409, .. }) => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     // --- Status ------------------------------------------------------------
 
     /// The address of the Raft leader (`GET /v1/status/leader`), e.g.

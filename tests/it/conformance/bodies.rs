@@ -702,3 +702,234 @@ pub async fn the_leader_proclaims_metadata_that_everyone_reads<S: Store>() {
     assert_eq!(again.leader().candidate.metadata, metadata);
     a.shutdown().await.expect("shutdown a");
 }
+
+// --- Planned switchover ----------------------------------------------------------------
+
+/// Waits until the campaign says follower.
+async fn follows(campaign: &CampaignHandle, patience: Duration) {
+    let mut status = campaign.status();
+    timeout(
+        patience,
+        status.wait_for(|s| s.role == incumbent::Role::Follower),
+    )
+    .await
+    .expect("follows in time")
+    .expect("the campaign lives");
+}
+
+/// Whether any of the events waiting in `events` is an election.
+fn led(events: &mut mpsc::UnboundedReceiver<LeadershipEvent>) -> bool {
+    let mut led = false;
+    while let Ok(event) = events.try_recv() {
+        led |= matches!(event, LeadershipEvent::Elected(_));
+    }
+    led
+}
+
+/// `a` leads, `b` and `c` follow; `a` hands over to `c`, whose work waits 300 ms to stop: `c`
+/// leads, with a greater token, only after `a`'s work has stopped; `a`'s term ends as
+/// handed over; `b` never leads meanwhile, and everyone follows `c` afterwards.
+pub async fn hand_over_to_a_named_candidate<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let stopped: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let guard = first.hold();
+    let (term, record) = (first.clone(), stopped.clone());
+    tokio::spawn(async move {
+        term.cancelled().await;
+        sleep(Duration::from_millis(300)).await;
+        *record.lock().expect("not poisoned") = Some(Instant::now());
+        drop(guard);
+    });
+    let mut b = Local::start(election(store.connect().await, "b", ttl));
+    let mut c = Local::start(election(store.connect().await, "c", ttl));
+    follows(&b.campaign, ttl * 5).await;
+    follows(&c.campaign, ttl * 5).await;
+    let asked = Instant::now();
+    let done = a.campaign.hand_over("c").await.expect("handed over");
+    assert_eq!(done.to, "c");
+    assert!(first.is_cancelled());
+    assert_eq!(
+        demoted(&mut a.events, ttl).await,
+        DemotionReason::HandedOver
+    );
+    let second = elected(&mut c.events, ttl).await;
+    let work_stopped = stopped
+        .lock()
+        .expect("not poisoned")
+        .expect("the old work stopped before the hand-over returned");
+    assert!(
+        second.started() >= work_stopped,
+        "c began {:?} before a's work stopped",
+        work_stopped - second.started()
+    );
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "{} then {}",
+        first.fencing_token(),
+        second.fencing_token()
+    );
+    assert_eq!(
+        done.fencing_token.unwrap_or(second.fencing_token()),
+        second.fencing_token()
+    );
+    println!("hand-over to c: {:?}", asked.elapsed());
+    assert!(!led(&mut b.events), "b led during the hand-over to c");
+    follows(&b.campaign, ttl * 5).await;
+    follows(&a.campaign, ttl * 5).await;
+    assert!(c.campaign.status().borrow().is_leader());
+    assert!(!led(&mut b.events) && !led(&mut a.events));
+}
+
+/// A hand-over to a candidate that is not live (never was, or yields) is refused with
+/// `NotACandidate`, and the leader's term goes on.
+pub async fn a_hand_over_to_a_candidate_that_is_not_live_is_refused<S: Store>() {
+    use incumbent::{Error, HandOverError};
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let b = Local::start(election(store.connect().await, "b", ttl));
+    follows(&b.campaign, ttl * 5).await;
+    let refused = a.campaign.hand_over("nobody").await;
+    assert!(
+        matches!(refused, Err(Error::HandOver(HandOverError::NotACandidate { ref to, .. })) if to == "nobody"),
+        "{refused:?}"
+    );
+    assert!(!first.is_cancelled(), "a refused hand-over ended the term");
+    b.campaign
+        .resign_for(ttl * 10)
+        .await
+        .expect("b yields for a while");
+    let refused = a.campaign.hand_over("b").await;
+    assert!(
+        matches!(
+            refused,
+            Err(Error::HandOver(HandOverError::NotACandidate { .. }))
+        ),
+        "{refused:?}"
+    );
+    assert!(!first.is_cancelled(), "a refused hand-over ended the term");
+    assert!(a.campaign.status().borrow().is_leader());
+    // A hand-over to the leader itself is done at once, and changes nothing.
+    let itself = a.campaign.hand_over("a").await.expect("a leads already");
+    assert_eq!(itself.fencing_token, Some(first.fencing_token()));
+    assert!(!first.is_cancelled());
+}
+
+/// The target dies right before the hand-over (its record still in the store): the
+/// reservation lapses after the window, and an open election follows, won by another with
+/// a greater token. Where the store frees a dead process's records at once (the file
+/// backend), the hand-over is refused instead, and `a` leads on.
+pub async fn a_hand_over_to_a_target_that_died_lapses_into_an_open_election<S: Store>() {
+    use incumbent::{Error, HandOverError};
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let mut b = Local::start(election(store.connect().await, "b", ttl));
+    follows(&b.campaign, ttl * 5).await;
+    let mut c = Crashable::start(&store, "c");
+    // c campaigns, and follows.
+    sleep(ttl / 2).await;
+    c.crash();
+    let asked = Instant::now();
+    match a.campaign.hand_over("c").await {
+        Err(Error::HandOver(HandOverError::Lapsed { to, now, .. })) => {
+            assert_eq!(to, "c");
+            println!(
+                "a hand-over to a dead target lapsed after {:?} (now: {now:?})",
+                asked.elapsed()
+            );
+            let next = tokio::select! {
+                term = elected(&mut a.events, ttl * 3) => term,
+                term = elected(&mut b.events, ttl * 3) => term,
+            };
+            assert!(next.fencing_token() > first.fencing_token());
+            println!("an open election after the lapse: {:?}", asked.elapsed());
+        }
+        Err(Error::HandOver(HandOverError::NotACandidate { .. })) => {
+            assert!(!first.is_cancelled(), "a refused hand-over ended the term");
+        }
+        other => panic!("a hand-over to a dead target: {other:?}"),
+    }
+}
+
+/// Two hand-overs to different targets at once, one asked of the leader and one through
+/// the store: one is done, the other gets a clear error, and one candidate leads.
+pub async fn two_concurrent_hand_overs_give_one_winner_and_one_error<S: Store>() {
+    use incumbent::{Error, HandOverError};
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    elected(&mut a.events, ttl * 5).await;
+    let b = Local::start(election(store.connect().await, "b", ttl));
+    let c = Local::start(election(store.connect().await, "c", ttl));
+    follows(&b.campaign, ttl * 5).await;
+    follows(&c.campaign, ttl * 5).await;
+    let bystander = election(store.connect().await, "bystander", ttl);
+    let (direct, through_store) = tokio::join!(
+        a.campaign.hand_over("b"),
+        bystander.hand_over("c", None, ttl * 10)
+    );
+    let refused = |outcome: &incumbent::Result<incumbent::HandedOver>| {
+        matches!(
+            outcome,
+            Err(Error::HandOver(
+                HandOverError::InProgress { .. } | HandOverError::Superseded { .. }
+            ))
+        )
+    };
+    assert!(
+        (direct.is_ok() && refused(&through_store)) || (through_store.is_ok() && refused(&direct)),
+        "to b: {direct:?}; to c: {through_store:?}"
+    );
+    let winner = match direct.is_ok() {
+        true => &b,
+        false => &c,
+    };
+    sleep(ttl / 2).await;
+    let leaders = [&a, &b, &c]
+        .iter()
+        .filter(|l| l.campaign.status().borrow().is_leader())
+        .count();
+    assert_eq!(leaders, 1);
+    assert!(winner.campaign.status().borrow().is_leader());
+}
+
+/// `b` has a higher priority than `a`, which leads: once `b` has followed for its settle
+/// time, `a` hands over to it; `a` does not take it back.
+pub async fn a_preferred_candidate_gets_the_lead<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let mut a = Local::start(election(store.connect().await, "a", ttl));
+    let first = elected(&mut a.events, ttl * 5).await;
+    let settle = ttl;
+    let preferred = Election::builder(store.connect().await, ELECTION)
+        .candidate("b")
+        .ttl(ttl)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .priority_with_settle(1, settle)
+        .build()
+        .expect("valid settings");
+    let started = Instant::now();
+    let mut b = Local::start(preferred);
+    let second = elected(&mut b.events, settle + ttl * 5).await;
+    assert!(
+        started.elapsed() >= settle,
+        "b asked before its settle time"
+    );
+    assert!(second.fencing_token() > first.fencing_token());
+    assert_eq!(
+        demoted(&mut a.events, ttl).await,
+        DemotionReason::HandedOver
+    );
+    sleep(settle * 2).await;
+    assert!(
+        b.campaign.status().borrow().is_leader(),
+        "leadership flapped"
+    );
+    assert!(!second.is_cancelled());
+}

@@ -35,6 +35,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -49,6 +54,11 @@ conformance!(
         two_campaigns_of_one_election_never_both_lead,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -69,6 +79,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -91,6 +106,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -111,6 +131,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -136,6 +161,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -151,6 +181,7 @@ conformance!(
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
         a_released_lock_goes_to_another_campaign_not_back,
+        hand_over_to_a_named_candidate,
     ]
 );
 
@@ -173,6 +204,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -195,6 +231,11 @@ conformance!(
         a_worker_ignoring_cancellation_is_stopped_before_another_leads,
         the_status_stops_saying_leader_with_the_term,
         the_leader_proclaims_metadata_that_everyone_reads,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
     ]
 );
 
@@ -210,5 +251,6 @@ conformance!(
         observe_reports_every_leader_change,
         two_campaigns_of_one_election_never_both_lead,
         a_released_lock_goes_to_another_campaign_not_back,
+        hand_over_to_a_named_candidate,
     ]
 );

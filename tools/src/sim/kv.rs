@@ -511,6 +511,8 @@ impl Backend for KvBackend {
             renew_divisor: 3,
             max_lock_delay: None,
             frees_dead_holder_at_once: false,
+            // Hand-overs are not simulated: `take_over` is the default (an acquire).
+            hand_over: incumbent::backend::HandOverStyle::Escrow,
         }
     }
 
