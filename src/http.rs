@@ -34,6 +34,7 @@
 //! | `GET /healthz` | every campaign is healthy | one is not; `reason` says why |
 //! | `GET /readyz` | this process leads every election asked about | it does not lead one of them |
 //! | `GET /leader` | always: who leads, as this process sees it | never |
+//! | `POST /switchover?to=ID` | opt-in ([`Health::switchover`]): see below | |
 //!
 //! **`/healthz`** is for liveness checks, and so says only what a restart could mend, as
 //! client-go's leader-election health adaptor does. A campaign is unhealthy when
@@ -110,8 +111,11 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::CampaignHandle;
 use crate::backend::Wakeup;
 use crate::event::{DemotionReason, Role, Status};
+use crate::secret::Secret;
+use crate::switchover::HandOverError;
 
 /// How long past its renew deadline a campaign may go on saying it leads before `/healthz`
 /// reports it stuck, by default. The campaign fences itself at the deadline within
@@ -126,6 +130,9 @@ pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(5);
 pub struct Health {
     elections: Vec<watch::Receiver<Status>>,
     stuck_after: Duration,
+    switchover: Vec<CampaignHandle>,
+    /// The bearer token `POST /switchover` requires.
+    token: Option<Secret>,
 }
 
 impl Default for Health {
@@ -158,6 +165,8 @@ impl Health {
         Health {
             elections: Vec::new(),
             stuck_after: DEFAULT_STUCK_AFTER,
+            switchover: Vec::new(),
+            token: None,
         }
     }
 
@@ -176,13 +185,39 @@ impl Health {
         self
     }
 
-    /// The router serving `GET /healthz`, `GET /readyz` and `GET /leader` (and `HEAD`).
+    /// Serves `POST /switchover?to=ID[&election=NAME]` for this campaign (it is added to the
+    /// reported elections too), guarded by `bearer_token`: a request without
+    /// `Authorization: Bearer <bearer_token>` gets `401` and moves nothing. Opt-in: without
+    /// this call there is no such route. The token is kept out of `Debug` and logs.
+    ///
+    /// The request is [`CampaignHandle::hand_over`] on this candidate, leader or not (a
+    /// follower asks the leader through the store), and the answer waits for the outcome:
+    /// `200` `{"to", "fencing_token"}` once the target leads; `409` `{"error", "reason"}`
+    /// when refused, nothing moved (`reason`: `not_a_candidate`, `in_progress`,
+    /// `superseded`, `no_leader`, `line_not_clear`); `504` when it did not finish (`lapsed`:
+    /// the target did not take office within the window and an open election followed;
+    /// `not_finished`); `400` for a missing `to`; `404` for an election not served here;
+    /// `503` when the campaign has stopped.
+    pub fn switchover(mut self, campaign: CampaignHandle, bearer_token: impl Into<String>) -> Self {
+        self.elections.push(campaign.status());
+        self.switchover.push(campaign);
+        self.token = Some(Secret(bearer_token.into()));
+        self
+    }
+
+    /// The router serving `GET /healthz`, `GET /readyz` and `GET /leader` (and `HEAD`), and
+    /// `POST /switchover` when [`switchover`](Self::switchover) was called.
     pub fn router(self) -> Router {
-        Router::new()
+        let guarded = !self.switchover.is_empty();
+        let router = Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .route("/leader", get(leader))
-            .with_state(Arc::new(self))
+            .route("/leader", get(leader));
+        let router = match guarded {
+            true => router.route("/switchover", axum::routing::post(switchover)),
+            false => router,
+        };
+        router.with_state(Arc::new(self))
     }
 
     /// Snapshots of the campaigns the query selects, or why the query cannot be answered.
@@ -334,14 +369,139 @@ impl IntoResponse for Rejection {
 /// The values of every `election` parameter in a query string; `None` if one is not valid
 /// percent-encoded UTF-8.
 fn elections_in(query: &str) -> Option<Vec<String>> {
-    let mut names = Vec::new();
+    values_in(query, "election")
+}
+
+/// The values of every `name` parameter in a query string; `None` if one is not valid
+/// percent-encoded UTF-8.
+fn values_in(query: &str, name: &str) -> Option<Vec<String>> {
+    let mut values = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if decode(key)? == "election" {
-            names.push(decode(value)?);
+        if decode(key)? == name {
+            values.push(decode(value)?);
         }
     }
-    Some(names)
+    Some(values)
+}
+
+/// Whether the request carries `Authorization: Bearer <token>`, compared in constant time.
+fn authorized(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    let want = token.0.as_bytes();
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
+}
+
+/// `POST /switchover`: see [`Health::switchover`].
+async fn switchover(
+    State(health): State<Arc<Health>>,
+    headers: axum::http::HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let reject = |code, message: String| Rejection { code, message }.into_response();
+    if !health
+        .token
+        .as_ref()
+        .is_some_and(|t| authorized(&headers, t))
+    {
+        return reject(
+            StatusCode::UNAUTHORIZED,
+            "POST /switchover needs the header `Authorization: Bearer <token>` with the token \
+             the service was given"
+                .into(),
+        );
+    }
+    let query = query.unwrap_or_default();
+    let (Some(targets), Some(elections)) = (values_in(&query, "to"), elections_in(&query)) else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "the query is not valid URL encoding; write ?to=ID".into(),
+        );
+    };
+    let [to] = targets.as_slice() else {
+        return reject(
+            StatusCode::BAD_REQUEST,
+            "name the candidate to hand over to, once: ?to=ID".into(),
+        );
+    };
+    let handles: Vec<&CampaignHandle> = health
+        .switchover
+        .iter()
+        .filter(|h| elections.is_empty() || elections.contains(&h.status().borrow().election))
+        .collect();
+    let handle = match handles.as_slice() {
+        [one] => *one,
+        [] => {
+            return reject(
+                StatusCode::NOT_FOUND,
+                "no election with switchover is served here by that name".into(),
+            );
+        }
+        _ => {
+            return reject(
+                StatusCode::BAD_REQUEST,
+                "several elections are served here: name one with ?election=NAME".into(),
+            );
+        }
+    };
+    #[derive(Serialize)]
+    struct Done<'a> {
+        to: &'a str,
+        fencing_token: Option<u64>,
+    }
+    #[derive(Serialize)]
+    struct Refusal<'a> {
+        error: String,
+        reason: &'a str,
+    }
+    match handle.hand_over(to.clone()).await {
+        Ok(done) => json(
+            StatusCode::OK,
+            &Done {
+                to: &done.to,
+                fencing_token: done.fencing_token,
+            },
+        ),
+        Err(crate::Error::HandOver(refusal)) => {
+            let (code, reason) = match &refusal {
+                HandOverError::NotACandidate { .. } => (StatusCode::CONFLICT, "not_a_candidate"),
+                HandOverError::InProgress { .. } => (StatusCode::CONFLICT, "in_progress"),
+                HandOverError::Superseded { .. } => (StatusCode::CONFLICT, "superseded"),
+                HandOverError::NoLeader => (StatusCode::CONFLICT, "no_leader"),
+                HandOverError::LineNotClear { .. } => (StatusCode::CONFLICT, "line_not_clear"),
+                HandOverError::Lapsed { .. } => (StatusCode::GATEWAY_TIMEOUT, "lapsed"),
+                _ => (StatusCode::GATEWAY_TIMEOUT, "not_finished"),
+            };
+            json(
+                code,
+                &Refusal {
+                    error: refusal.to_string(),
+                    reason,
+                },
+            )
+        }
+        Err(crate::Error::Stopped) => reject(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the campaign has stopped".into(),
+        ),
+        Err(error) => json(
+            StatusCode::GATEWAY_TIMEOUT,
+            &Refusal {
+                error: error.to_string(),
+                reason: "not_finished",
+            },
+        ),
+    }
 }
 
 /// Decodes `application/x-www-form-urlencoded` text: `+` is a space, `%XX` a byte.

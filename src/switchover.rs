@@ -333,7 +333,6 @@ pub async fn request<B: Backend>(
     let deadline = Instant::now() + options.timeout;
     let waited = options.timeout;
     let within = Within { deadline, waited };
-    within.run(check_live(backend, election, to)).await?;
     let mut observer = within.run(backend.observe(election)).await?;
     let current = within.run(observer.next()).await?;
     match &current {
@@ -350,6 +349,9 @@ pub async fn request<B: Backend>(
         }
         None => return Err(HandOverError::NoLeader.into()),
     }
+    // After the look at the leader: a candidate out of the line for a hand-over under way
+    // is reported as that hand-over, not as not live.
+    within.run(check_live(backend, election, to)).await?;
     let session = within.run(backend.open_session(&options.session)).await?;
     let outcome = request_with(
         &session,
@@ -470,6 +472,9 @@ async fn follow_outcome<O: Observer>(
                 return Err(HandOverError::InProgress { to: other }.into());
             }
             Some(_) if reservation.is_some() => handing_over = true,
+            // The leader let go (a gate store shows no holder once the lock is released):
+            // whoever leads next without being `to` took it after the hand-over.
+            None => handing_over = true,
             Some(leader) if took_office(leader, to) => {
                 return Ok(HandedOver {
                     to: to.to_owned(),
@@ -490,7 +495,7 @@ async fn follow_outcome<O: Observer>(
                 }
                 .into());
             }
-            _ => {}
+            Some(_) => {}
         }
         tokio::select! {
             next = observer.next() => *current = next?,

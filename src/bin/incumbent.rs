@@ -7,6 +7,7 @@
 //! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
 //! incumbent observe [--backend URL] --election NAME [--json] [--fail-after DUR]
 //! incumbent resign  [--backend URL] --election NAME [--timeout DUR] [--yield DUR]
+//! incumbent switchover [--backend URL] --election NAME --to ID [--window DUR] [--timeout DUR]
 //! global options:   [--log-format text|json] [--quiet]
 //! ```
 //!
@@ -86,7 +87,19 @@
 //! - `2`: a usage or configuration error: bad options, a malformed backend URL, a backend not
 //!   compiled in, an invalid election name or timing, a command not found, a lock directory
 //!   that cannot be made, credentials the store refuses;
+//! - `3` (`switchover`): refused, nothing moved: the target is not a live candidate, another
+//!   hand-over is under way (or moved leadership first), nobody leads;
+//! - `4` (`switchover`): not finished: the target did not take office within the window (the
+//!   reservation lapsed, an open election followed), or it did not lead within `--timeout`;
+//!   the message says what was seen last;
 //! - with `--exit-with-child`: the command's own exit status (128 + N if signal N killed it).
+//!
+//! `switchover --to ID` moves leadership to the candidate ID (`run --id ID`) from any host:
+//! the request goes through the store (the election's request lock) to the leader, which
+//! checks that ID is a live candidate, stops its command as for a resign, and keeps the next
+//! term for ID for `--window` (default: the leader's `--hand-over-window`, its ttl); see
+//! `incumbent::switchover`. `run --priority N` makes a preferred candidate: after following a
+//! leader of lower priority for `--settle`, it asks for the lead the same way.
 
 // This file is the crate root of the binary: its modules live in `src/bin/incumbent/`.
 #[path = "incumbent/duration.rs"]
@@ -289,6 +302,16 @@ enum Command {
     /// `incumbent run` of this election on this backend, started before its term (Linux);
     /// anything else is refused (exit 1) and nothing is signalled.
     Resign(ResignArgs),
+    /// Hand leadership to the candidate ID, and wait until it leads.
+    ///
+    /// The target must be a live candidate of the election (else exit 3, nothing moved). The
+    /// request goes through the store to the leader, from any host; the leader stops its
+    /// command (as for a resign), keeps the next term for ID for --window, and ID takes
+    /// over. Exit 0 once ID leads; 3 when refused (why is printed: ID is not a live
+    /// candidate, another hand-over is under way, nobody leads); 4 when it did not finish
+    /// within --timeout or ID did not take office within the window (the state it left is
+    /// printed: an open election follows a lapsed window).
+    Switchover(SwitchoverArgs),
 }
 
 #[derive(Debug, Args)]
@@ -368,6 +391,18 @@ struct RunArgs {
     /// made, refused credentials, an invalid configuration) end the program at once anyway.
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     fail_after: Option<Duration>,
+    /// Make this a preferred candidate of this priority: once it has followed a leader of a
+    /// lower one (0 without --priority) for --settle, it asks for a hand-over to itself
+    /// (doubling --settle after each request that did not make it lead).
+    #[arg(long, value_name = "N")]
+    priority: Option<u32>,
+    /// With --priority: how long to follow before asking for the lead.
+    #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "30s", requires = "priority")]
+    settle: Duration,
+    /// How long a hand-over by this candidate keeps the next term for its target before an
+    /// open election follows [default: the ttl].
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    hand_over_window: Option<Duration>,
     /// Let the command inherit the store's credentials (INCUMBENT_ETCD_USER,
     /// INCUMBENT_ETCD_PASSWORD, CONSUL_HTTP_TOKEN, ETCDCTL_*, …), which it does not by default.
     #[arg(long)]
@@ -416,6 +451,22 @@ struct ResignArgs {
     yield_for: Option<Duration>,
 }
 
+#[derive(Debug, Args)]
+struct SwitchoverArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The candidate to hand leadership to (its --id).
+    #[arg(long, value_name = "ID")]
+    to: String,
+    /// How long the leader keeps the next term for ID before an open election follows
+    /// [default: the leader's hand-over window, its ttl].
+    #[arg(long, value_name = "DUR", value_parser = duration::parse)]
+    window: Option<Duration>,
+    /// How long to wait for ID to lead (then exit code 4).
+    #[arg(long, value_name = "DUR", value_parser = duration::parse, default_value = "30s")]
+    timeout: Duration,
+}
+
 /// Why the program failed, and so its exit code.
 #[derive(Debug)]
 pub enum Failure {
@@ -423,6 +474,10 @@ pub enum Failure {
     Usage(String),
     /// Anything else: exit code 1.
     Runtime(String),
+    /// `switchover` was refused, nothing moved: exit code 3.
+    Refused(String),
+    /// `switchover` did not finish in time, or the target did not take office: exit code 4.
+    Unfinished(String),
 }
 
 impl Failure {
@@ -430,12 +485,17 @@ impl Failure {
         match self {
             Failure::Usage(_) => 2,
             Failure::Runtime(_) => 1,
+            Failure::Refused(_) => 3,
+            Failure::Unfinished(_) => 4,
         }
     }
 
     fn message(&self) -> &str {
         match self {
-            Failure::Usage(m) | Failure::Runtime(m) => m,
+            Failure::Usage(m)
+            | Failure::Runtime(m)
+            | Failure::Refused(m)
+            | Failure::Unfinished(m) => m,
         }
     }
 }
@@ -609,6 +669,8 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 lock_delay: args.lock_delay,
                 grace: args.grace,
                 exit_with_child: args.exit_with_child,
+                priority: args.priority.map(|level| (level, args.settle)),
+                hand_over_window: args.hand_over_window,
                 pass_credentials: args.pass_credentials,
                 program,
                 args: args.command.into_iter().skip(1).collect(),
@@ -676,6 +738,24 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 )));
             }
             connect(&url, &resign, patience, began, &out).await?
+        }
+        Command::Switchover(args) => {
+            let (url, election) = target(&args.target)?;
+            let patience = retry::Patience {
+                fail_after: Some(args.timeout),
+                option: "--timeout",
+            };
+            let switchover = inspect::Switchover {
+                query: inspect::Query {
+                    election,
+                    timeout: args.timeout,
+                    began,
+                    out: out.clone(),
+                },
+                to: args.to,
+                window: args.window,
+            };
+            connect(&url, &switchover, patience, began, &out).await?
         }
     }
 }

@@ -1657,3 +1657,69 @@ fn text_log_lines_have_no_colour_when_stderr_is_not_a_terminal() {
     assert!(log.contains("debug"), "no library line:\n{log}");
     assert!(!log.contains('\x1b'), "ANSI escapes:\n{log:?}");
 }
+
+#[test]
+fn switchover_hands_leadership_to_the_named_candidate_and_refuses_one_that_is_not_live() {
+    // a leads, b and c follow (each with --id); `switchover --to nobody` is refused with
+    // exit code 3 and a still leads; `switchover --to c` exits 0 once c leads, with a greater
+    // token, and b never ran its command.
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate_running("a", &["--id", "a"], SLEEPER);
+    let first = a.start(1);
+    let b = sandbox.candidate_running("b", &["--id", "b"], SLEEPER);
+    b.following();
+    let c = sandbox.candidate_running("c", &["--id", "c"], SLEEPER);
+    c.following();
+    let refused = sandbox.output(&["switchover", "--election", ELECTION, "--to", "nobody"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("not a live candidate"), "{stderr}");
+    assert_eq!(leader_pid(&sandbox.status_json()), Some(a.pid()));
+    let done = sandbox.output(&["switchover", "--election", ELECTION, "--to", "c"]);
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert_eq!(
+        done.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(stdout.contains("c leads"), "{stdout}");
+    let second = c.start(1);
+    assert!(second.token > first.token);
+    assert!(b.starts().is_empty(), "b ran its command");
+    assert!(a.log().contains("handed_over"), "{}", a.log());
+}
+
+#[test]
+fn switchover_to_a_frozen_target_lapses_with_exit_code_4_and_an_open_election_follows() {
+    // c is frozen (SIGSTOP) with its presence still held: the check passes, a hands over,
+    // c cannot take office, and after the 1 s window the reservation lapses: exit code 4,
+    // and a or b leads.
+    let sandbox = Sandbox::new();
+    let a = sandbox.candidate_running("a", &["--id", "a"], SLEEPER);
+    let first = a.start(1);
+    let b = sandbox.candidate_running("b", &["--id", "b"], SLEEPER);
+    b.following();
+    let c = sandbox.candidate_running("c", &["--id", "c"], SLEEPER);
+    c.following();
+    signal(c.pid(), libc::SIGSTOP);
+    let lapsed = sandbox.output(&[
+        "switchover",
+        "--election",
+        ELECTION,
+        "--to",
+        "c",
+        "--window",
+        "1s",
+    ]);
+    signal(c.pid(), libc::SIGCONT);
+    let stderr = String::from_utf8_lossy(&lapsed.stderr);
+    assert_eq!(lapsed.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("did not take office"), "{stderr}");
+    let next = match leader_pid(&sandbox.status_json()) {
+        Some(pid) if pid == a.pid() => a.start(2),
+        Some(pid) if pid == b.pid() => b.start(1),
+        other => panic!("after the lapse: leader {other:?}"),
+    };
+    assert!(next.token > first.token);
+}

@@ -391,3 +391,59 @@ async fn metrics_are_scraped_over_http_after_an_election() {
     assert!(won.ends_with(" 1"), "{won}");
     assert_eq!(server.get("/readyz").await.status, 200);
 }
+
+impl Server {
+    /// `POST path`, with `Authorization: Bearer token` when given.
+    async fn post(&self, path: &str, token: Option<&str>) -> Reply {
+        let mut request = self.client.post(format!("http://{}{path}", self.addr));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("request answered");
+        let status = response.status().as_u16();
+        let body = response.text().await.expect("body");
+        // A route that is not there answers with no body.
+        let json = match body.is_empty() {
+            true => Value::Null,
+            false => serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")),
+        };
+        Reply { status, json }
+    }
+}
+
+#[tokio::test]
+async fn switchover_is_guarded_refuses_a_candidate_that_is_not_live_and_hands_over() {
+    let backend = MemoryBackend::new();
+    let mut a = election(&backend, NAME, "a").campaign();
+    elected(&mut a, LIMIT).await;
+    let mut b = election(&backend, NAME, "b").campaign();
+    role(&b, Role::Follower).await;
+    // Served by the follower: its request goes to the leader through the store.
+    let server = Server::start(Health::new().switchover(b.handle(), "s3cret").router()).await;
+    let plain = Server::start(Health::new().election(a.status()).router()).await;
+    // Opt-in: a router without it has no such route.
+    assert_eq!(
+        plain.post("/switchover?to=b", Some("s3cret")).await.status,
+        404
+    );
+    for token in [None, Some("wrong"), Some("s3cre"), Some("s3cret2")] {
+        let reply = server.post("/switchover?to=b", token).await;
+        assert_eq!(reply.status, 401, "{token:?}: {}", reply.json);
+    }
+    assert!(
+        a.status().borrow().is_leader(),
+        "an unauthorized request moved leadership"
+    );
+    assert_eq!(server.post("/switchover", Some("s3cret")).await.status, 400);
+    let refused = server.post("/switchover?to=nobody", Some("s3cret")).await;
+    assert_eq!(refused.status, 409, "{}", refused.json);
+    assert_eq!(refused.json["reason"], "not_a_candidate");
+    assert!(a.status().borrow().is_leader());
+    let done = server.post("/switchover?to=b", Some("s3cret")).await;
+    assert_eq!(done.status, 200, "{}", done.json);
+    assert_eq!(done.json["to"], "b");
+    let term = elected(&mut b, LIMIT).await;
+    assert_eq!(done.json["fencing_token"], term.fencing_token());
+    assert!(!a.status().borrow().is_leader());
+    assert!(!format!("{:?}", Health::new().switchover(b.handle(), "s3cret")).contains("s3cret"));
+}

@@ -450,6 +450,63 @@ impl WithBackend for Resign {
     }
 }
 
+/// `incumbent switchover`.
+#[derive(Clone)]
+pub struct Switchover {
+    pub query: Query,
+    pub to: String,
+    pub window: Option<std::time::Duration>,
+}
+
+impl WithBackend for Switchover {
+    type Output = Result<u8, Failure>;
+
+    async fn call<B: Backend>(self, backend: B) -> Self::Output {
+        use incumbent::{Error, HandOverError};
+        let Query {
+            election,
+            timeout: limit,
+            began,
+            ..
+        } = &self.query;
+        let info = backend.info();
+        let ttl = incumbent::config::DEFAULT_TTL.clamp(info.min_ttl, info.max_ttl);
+        let options = incumbent::switchover::RequestOptions {
+            session: incumbent::backend::SessionOptions {
+                ttl,
+                renew_interval: ttl / info.renew_divisor.max(2),
+                lock_delay: None,
+                name: format!("incumbent switchover to {}", self.to),
+            },
+            window: self.window,
+            timeout: limit.saturating_sub(began.elapsed()),
+        };
+        match incumbent::switchover::request(&backend, election, &self.to, &options).await {
+            Ok(done) => {
+                match done.fencing_token {
+                    Some(token) => {
+                        print(&format!("{} leads {election} now (term {token})", done.to))
+                    }
+                    None => print(&format!("{} leads {election} now", done.to)),
+                };
+                Ok(0)
+            }
+            Err(Error::HandOver(refusal)) => Err(match refusal {
+                HandOverError::Lapsed { .. } | HandOverError::NotFinished { .. } => {
+                    Failure::Unfinished(refusal.to_string())
+                }
+                _ => Failure::Refused(refusal.to_string()),
+            }),
+            Err(Error::Timeout(waited)) => Err(Failure::Unfinished(format!(
+                "the switchover to {} did not finish within {}",
+                self.to,
+                human(waited)
+            ))),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
 /// How much later than the leader's term start its process may seem to have started: the
 /// boot time the kernel reports has a resolution of one second, and the wall clock may have
 /// been adjusted since.

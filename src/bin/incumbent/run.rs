@@ -90,6 +90,10 @@ pub struct Run {
     pub lock_delay: Option<Duration>,
     pub grace: Duration,
     pub exit_with_child: bool,
+    /// `--priority` and `--settle`.
+    pub priority: Option<(u32, Duration)>,
+    /// `--hand-over-window`.
+    pub hand_over_window: Option<Duration>,
     /// Whether the command inherits the store's credentials.
     pub pass_credentials: bool,
     pub program: PathBuf,
@@ -119,6 +123,12 @@ impl WithBackend for Run {
             .grace(self.grace + GRACE_MARGIN);
         if let Some(ttl) = self.ttl {
             builder = builder.ttl(ttl);
+        }
+        if let Some((level, settle)) = self.priority {
+            builder = builder.priority_with_settle(level, settle);
+        }
+        if let Some(window) = self.hand_over_window {
+            builder = builder.hand_over_window(window);
         }
         if let Some(delay) = self.lock_delay {
             builder = builder.lock_delay(delay);

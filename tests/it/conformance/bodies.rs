@@ -857,23 +857,28 @@ pub async fn a_hand_over_to_a_target_that_died_lapses_into_an_open_election<S: S
     }
 }
 
-/// Two hand-overs to different targets at once, one asked of the leader and one through
-/// the store: one is done, the other gets a clear error, and one candidate leads.
+/// Two more hand-overs, to another target, while one is under way (the old leader's work
+/// takes 500 ms to stop): one asked of the leader, one through the store. The first is done;
+/// both others get a clear error (in progress, or superseded once it is done), and one
+/// candidate leads.
 pub async fn two_concurrent_hand_overs_give_one_winner_and_one_error<S: Store>() {
     use incumbent::{Error, HandOverError};
     let (store, _server) = S::start().await;
     let ttl = store.ttl();
     let mut a = Local::start(election(store.connect().await, "a", ttl));
-    elected(&mut a.events, ttl * 5).await;
+    let first = elected(&mut a.events, ttl * 5).await;
+    let guard = first.hold();
+    let term = first.clone();
+    tokio::spawn(async move {
+        term.cancelled().await;
+        sleep(Duration::from_millis(500)).await;
+        drop(guard);
+    });
     let b = Local::start(election(store.connect().await, "b", ttl));
     let c = Local::start(election(store.connect().await, "c", ttl));
     follows(&b.campaign, ttl * 5).await;
     follows(&c.campaign, ttl * 5).await;
     let bystander = election(store.connect().await, "bystander", ttl);
-    let (direct, through_store) = tokio::join!(
-        a.campaign.hand_over("b"),
-        bystander.hand_over("c", None, ttl * 10)
-    );
     let refused = |outcome: &incumbent::Result<incumbent::HandedOver>| {
         matches!(
             outcome,
@@ -882,21 +887,29 @@ pub async fn two_concurrent_hand_overs_give_one_winner_and_one_error<S: Store>()
             ))
         )
     };
-    assert!(
-        (direct.is_ok() && refused(&through_store)) || (through_store.is_ok() && refused(&direct)),
-        "to b: {direct:?}; to c: {through_store:?}"
+    let (first_asked, again, through_store) = tokio::join!(
+        a.campaign.hand_over("b"),
+        async {
+            sleep(Duration::from_millis(100)).await;
+            a.campaign.hand_over("c").await
+        },
+        async {
+            sleep(Duration::from_millis(100)).await;
+            bystander.hand_over("c", None, ttl * 10).await
+        }
     );
-    let winner = match direct.is_ok() {
-        true => &b,
-        false => &c,
-    };
+    assert_eq!(first_asked.expect("the first hand-over is done").to, "b");
+    assert!(refused(&again), "asked of the leader again: {again:?}");
+    assert!(
+        refused(&through_store),
+        "through the store: {through_store:?}"
+    );
     sleep(ttl / 2).await;
-    let leaders = [&a, &b, &c]
+    let leaders: Vec<bool> = [&a, &b, &c]
         .iter()
-        .filter(|l| l.campaign.status().borrow().is_leader())
-        .count();
-    assert_eq!(leaders, 1);
-    assert!(winner.campaign.status().borrow().is_leader());
+        .map(|l| l.campaign.status().borrow().is_leader())
+        .collect();
+    assert_eq!(leaders, [false, true, false]);
 }
 
 /// `b` has a higher priority than `a`, which leads: once `b` has followed for its settle
