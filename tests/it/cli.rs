@@ -849,8 +849,9 @@ fn a_lost_lock_kills_a_command_that_ignores_sigterm_at_once_whatever_the_grace()
         .expect("lock directory")
         .filter_map(Result::ok)
         .map(|entry| entry.path())
-        .find(|path| path.extension().is_some_and(|e| e == "lock"))
-        .expect("a lock file");
+        // The election's, not a candidate's presence record (`jobs+index+.candidates+….lock`).
+        .find(|path| path.file_name().is_some_and(|n| n == "jobs+index.lock"))
+        .expect("the election's lock file");
     let deleted = Instant::now();
     fs::remove_file(&lock).expect("delete the lock file");
     // The loss is seen at the next renewal (a third of the default 10 s ttl), and the
