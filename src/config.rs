@@ -68,6 +68,10 @@ pub struct Priority {
     pub settle: Duration,
 }
 
+/// The prefix of metadata keys this crate writes itself (`incumbent.handing_over`,
+/// `incumbent.priority`); a candidate's own metadata may not use it.
+pub const RESERVED_METADATA_PREFIX: &str = "incumbent.";
+
 /// The metadata key in which a candidate with a priority publishes it.
 pub const PRIORITY_KEY: &str = "incumbent.priority";
 
@@ -254,12 +258,12 @@ fn validate_candidate(id: &str, metadata: &BTreeMap<String, String>) -> Result<(
     }
     if let Some(key) = metadata
         .keys()
-        .find(|k| k.starts_with(crate::switchover::RESERVED_METADATA_PREFIX))
+        .find(|k| k.starts_with(RESERVED_METADATA_PREFIX))
     {
         return bad(format!(
             "the metadata key {key:?} starts with {:?}, which incumbent keeps for its own \
              entries; rename it",
-            crate::switchover::RESERVED_METADATA_PREFIX
+            RESERVED_METADATA_PREFIX
         ));
     }
     if let Some(key) = metadata.keys().find(|k| k.is_empty()) {

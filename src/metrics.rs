@@ -91,10 +91,11 @@ pub const TIME_TO_LEADER: &str = "incumbent_time_to_leader_seconds";
 pub const LOCK_FREE_TO_LEADER: &str = "incumbent_lock_free_to_leader_seconds";
 
 /// Every metric name this crate records, for tools that check dashboards and alert rules.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     IS_LEADER,
     ELECTIONS_WON,
     DEMOTIONS,
+    HAND_OVERS,
     CAMPAIGN_ATTEMPTS,
     RENEWALS,
     RENEW_LATENCY,

@@ -63,9 +63,7 @@ use crate::{Error, Result};
 /// The metadata entry in which a leader names the candidate it hands the next term to.
 pub const HANDING_OVER_KEY: &str = "incumbent.handing_over";
 
-/// The prefix of metadata keys this crate writes itself; a candidate's own metadata may not
-/// use it.
-pub const RESERVED_METADATA_PREFIX: &str = "incumbent.";
+pub use crate::config::RESERVED_METADATA_PREFIX;
 
 /// The request metadata: the target.
 const REQUEST_TO: &str = "incumbent.to";
@@ -74,20 +72,7 @@ const REQUEST_WINDOW_MS: &str = "incumbent.window_ms";
 /// The request metadata: the leader it is addressed to (only that leader serves it).
 const REQUEST_FROM: &str = "incumbent.from";
 
-/// How a store keeps the next term for the target of a hand-over (see the
-/// [module docs](self)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandOverStyle {
-    /// The leader keeps the lock, naming the target, and the target takes it over in one
-    /// conditional write ([`Contender::take_over`]).
-    Escrow,
-    /// The store hands the lock to the next in its line: the others step out of the line, and
-    /// the leader releases once the target is next.
-    Line,
-    /// The leader names the target and releases; whoever gets the lock reads the name under
-    /// it, and lets go unless it is the target.
-    Gate,
-}
+pub use crate::backend::HandOverStyle;
 
 /// A hand-over in progress, as a leader's value shows it (the [`HANDING_OVER_KEY`] entry).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,6 +37,24 @@ pub async fn run() {
     println!("consul agent -dev {version} on {addr}");
 
     handoff(&url).await;
+    {
+        let members = vec![
+            backend(&url, None),
+            backend(&url, None),
+            backend(&url, None),
+        ];
+        let (gaps, calls) = crate::switchover::rounds(members, MIN_TTL, 100).await;
+        let window = Duration::from_millis(500);
+        let dead_url = url.clone();
+        // A dead target's session lingers ttl to 2 x ttl; the escrow lapses after the window
+        // whatever happens to it. No lock-delay: the old leader keeps its session.
+        let dead = move || {
+            let url = dead_url.clone();
+            async move { backend(&url, None) }
+        };
+        let fallback = crate::switchover::dead_target(dead, MIN_TTL, window, 3).await;
+        crate::switchover::print("consul", &gaps, &calls, &fallback, window);
+    }
     // The lock-delay series run at the same time, each on its own key: they only wait.
     println!(
         "(crash rounds: Consul invalidates a crashed session ttl to 2 x ttl after its last \

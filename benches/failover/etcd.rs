@@ -50,11 +50,27 @@ pub async fn run() {
     };
     on_disk.print_against_floor();
     on_tmpfs.print_against_floor();
+    switchover(&endpoints).await;
 
     crash(&endpoints).await;
     idle_separate(&endpoints, addr).await;
     idle_shared(&endpoints, addr).await;
     scale(&endpoints).await;
+}
+
+/// Planned switchover among three candidates, and to a dead target.
+async fn switchover(endpoints: &[String]) {
+    let members = vec![
+        connect(endpoints.to_vec()).await,
+        connect(endpoints.to_vec()).await,
+        connect(endpoints.to_vec()).await,
+    ];
+    let (gaps, calls) = crate::switchover::rounds(members, MIN_TTL, 100).await;
+    let window = std::time::Duration::from_millis(500);
+    let endpoints = endpoints.to_vec();
+    let dead = move || connect(endpoints.clone());
+    let fallback = crate::switchover::dead_target(dead, MIN_TTL, window, 3).await;
+    crate::switchover::print("etcd (data on disk)", &gaps, &calls, &fallback, window);
 }
 
 async fn connect(endpoints: Vec<String>) -> EtcdBackend {

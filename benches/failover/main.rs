@@ -29,6 +29,7 @@ mod polled;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+mod switchover;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -102,6 +103,22 @@ async fn memory() {
     let ttl = Duration::from_secs(3);
     let handoff = common::handoff_rounds(|| store.client(), ttl, 200).await;
     common::print_latencies("hand-off after resign", &handoff);
+    let (gaps, calls) = switchover::rounds(
+        vec![store.client(), store.client(), store.client()],
+        ttl,
+        200,
+    )
+    .await;
+    let window = Duration::from_millis(500);
+    let connect = {
+        let store = store.clone();
+        move || {
+            let store = store.clone();
+            async move { store.client() }
+        }
+    };
+    let fallback = switchover::dead_target(connect, ttl, window, 5).await;
+    switchover::print("memory", &gaps, &calls, &fallback, window);
     common::elections_at_scale("memory", 10_000, || store.clone(), "", String::new).await;
     common::idle_cpu("memory", || store.client(), ttl, Duration::from_secs(5)).await;
 }
@@ -115,12 +132,16 @@ async fn file() {
     let backend = || FileBackend::in_dir(dir.path());
     let handoff = common::handoff_rounds(backend, ttl, 200).await;
     common::print_latencies("hand-off after resign", &handoff);
+    let (gaps, calls) = switchover::rounds(vec![backend(), backend(), backend()], ttl, 200).await;
     let path = dir.path().to_owned();
     let connect = move || {
         let path = path.clone();
         async move { FileBackend::in_dir(path) }
     };
-    let crash = common::crash_rounds(connect, ttl, 30, ttl * 3).await;
+    let crash = common::crash_rounds(connect.clone(), ttl, 30, ttl * 3).await;
     common::print_latencies("failover after a crash (fd closed, as on kill -9)", &crash);
+    let window = Duration::from_millis(500);
+    let fallback = switchover::dead_target(connect.clone(), ttl, window, 5).await;
+    switchover::print("file", &gaps, &calls, &fallback, window);
     common::idle_cpu("file", backend, ttl, Duration::from_secs(5)).await;
 }

@@ -44,6 +44,23 @@ pub async fn run() {
         &samples,
         "median <= poll/2 + 3 ms = 53 ms; redis-py's Lock: 56 ms",
     );
+    {
+        let members = vec![
+            connect(addr).await,
+            connect(addr).await,
+            connect(addr).await,
+        ];
+        let (gaps, calls) = crate::switchover::rounds(members, TTL, POLLED_ROUNDS).await;
+        let window = Duration::from_millis(500);
+        let fallback = crate::switchover::dead_target(move || connect(addr), TTL, window, 3).await;
+        crate::switchover::print(
+            "memcached, polling every 100 ms",
+            &gaps,
+            &calls,
+            &fallback,
+            window,
+        );
+    }
     polled::crash(
         move || connect(addr),
         TTL,

@@ -74,6 +74,22 @@ pub async fn run() {
             &samples,
             target,
         );
+        let members = vec![
+            connect(addr, listen).await,
+            connect(addr, listen).await,
+            connect(addr, listen).await,
+        ];
+        let (gaps, calls) = crate::switchover::rounds(members, TTL, rounds).await;
+        let window = Duration::from_millis(500);
+        let dead = move || connect(addr, listen);
+        let fallback = crate::switchover::dead_target(dead, TTL, window, 3).await;
+        crate::switchover::print(
+            &format!("postgres, {mode}"),
+            &gaps,
+            &calls,
+            &fallback,
+            window,
+        );
     }
     for (mode, addr, listen) in [
         ("LISTEN/NOTIFY", addr, true),

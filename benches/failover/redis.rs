@@ -60,6 +60,25 @@ pub async fn run() {
             target,
         );
     }
+    for (mode, notifications, rounds) in [
+        (
+            "keyspace notifications",
+            Notifications::IfEnabled,
+            HANDOFF_ROUNDS,
+        ),
+        ("polling every 100 ms", Notifications::Off, POLLED_ROUNDS),
+    ] {
+        let members = vec![
+            connect(addr, notifications).await,
+            connect(addr, notifications).await,
+            connect(addr, notifications).await,
+        ];
+        let (gaps, calls) = crate::switchover::rounds(members, TTL, rounds).await;
+        let window = Duration::from_millis(500);
+        let dead = move || connect(addr, notifications);
+        let fallback = crate::switchover::dead_target(dead, TTL, window, 3).await;
+        crate::switchover::print(&format!("redis, {mode}"), &gaps, &calls, &fallback, window);
+    }
     for (mode, notifications) in [
         ("keyspace notifications", Notifications::IfEnabled),
         ("polling every 100 ms", Notifications::Off),

@@ -36,6 +36,19 @@ pub async fn run() {
     println!("zookeeper {version} standalone on {connect_string}, tick 200 ms, data on disk");
 
     handoff(&connect_string).await;
+    {
+        let members = vec![
+            connect(connect_string.clone()).await,
+            connect(connect_string.clone()).await,
+            connect(connect_string.clone()).await,
+        ];
+        let (gaps, calls) = crate::switchover::rounds(members, TTL, 100).await;
+        let window = std::time::Duration::from_millis(500);
+        let string = connect_string.clone();
+        let dead = move || connect(string.clone());
+        let fallback = crate::switchover::dead_target(dead, TTL, window, 3).await;
+        crate::switchover::print("zookeeper", &gaps, &calls, &fallback, window);
+    }
     crash(&connect_string).await;
     idle(&connect_string, admin).await;
     scale(&connect_string).await;

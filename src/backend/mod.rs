@@ -32,7 +32,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::Result;
-pub use crate::switchover::HandOverStyle;
 
 /// A number that is strictly greater for every new term of an election than for any earlier term.
 ///
@@ -194,6 +193,21 @@ impl BackendInfo {
             hand_over: HandOverStyle::Escrow,
         }
     }
+}
+
+/// How a store keeps the next term for the target of a hand-over (see the
+/// [`switchover`](crate::switchover) docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandOverStyle {
+    /// The leader keeps the lock, naming the target, and the target takes it over in one
+    /// conditional write ([`Contender::take_over`]).
+    Escrow,
+    /// The store hands the lock to the next in its line: the others step out of the line, and
+    /// the leader releases once the target is next.
+    Line,
+    /// The leader names the target and releases; whoever gets the lock reads the name under
+    /// it, and lets go unless it is the target.
+    Gate,
 }
 
 /// How a backend's [`Contender::wait`] learns about changes.

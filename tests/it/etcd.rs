@@ -517,13 +517,14 @@ async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done()
         follows(&campaign).await;
         following.push(campaign);
     }
-    // A leader watches its range; a follower next in line the keys from its predecessor's to
-    // its own, and (to report leader changes) the range.
+    // A leader watches its range and the election's request lock (hand-over requests); a
+    // follower next in line the keys from its predecessor's to its own, and (to report leader
+    // changes) the range.
     wait_for_watches(
         &etcd,
         Watches {
             streams: 2,
-            watchers: ELECTIONS + 2 * ELECTIONS,
+            watchers: 2 * ELECTIONS + 2 * ELECTIONS,
         },
         "one stream per backend",
     )
@@ -536,7 +537,7 @@ async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done()
         &etcd,
         Watches {
             streams: 2,
-            watchers: ELECTIONS,
+            watchers: 2 * ELECTIONS,
         },
         "a stopped campaign cancels its watches",
     )
@@ -546,7 +547,7 @@ async fn every_watch_of_a_backend_shares_one_stream_and_is_cancelled_when_done()
         &etcd,
         Watches {
             streams: 1,
-            watchers: ELECTIONS,
+            watchers: 2 * ELECTIONS,
         },
         "a dropped backend closes its stream",
     )

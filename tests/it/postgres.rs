@@ -302,7 +302,9 @@ async fn a_read_only_server_is_refused_with_a_typed_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_statement_renews_every_election_of_a_process() {
     // The server counts each statement's calls (pg_stat_statements): the renewal of four
-    // elections held by one process is one statement per renew interval, on one connection.
+    // elections held by one process is one statement per renew interval, on one connection,
+    // covering each election's lease and the candidate's presence record in it (for
+    // hand-overs).
     let server = PostgresServer::start_with(&["shared_preload_libraries=pg_stat_statements"]).await;
     let admin = server.client().await;
     admin
@@ -344,7 +346,11 @@ async fn one_statement_renews_every_election_of_a_process() {
         (calls as f64) <= intervals + 1.0 && (calls as f64) >= intervals - 2.0,
         "{calls} renewal statements in {intervals:.1} renew intervals: not one per interval"
     );
-    assert_eq!(rows, calls * 4, "each renewal covers the four elections");
+    assert_eq!(
+        rows,
+        calls * 8,
+        "each renewal covers the four elections and the four presence records"
+    );
     let sessions = admin
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'incumbent'",

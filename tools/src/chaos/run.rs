@@ -223,7 +223,11 @@ impl Backend {
             | Backend::RedisVolatile
             | Backend::Memcached
             | Backend::Postgres
-            | Backend::PostgresPooled => Fault::ALL[..9].to_vec(),
+            | Backend::PostgresPooled => {
+                let mut faults = Fault::ALL[..9].to_vec();
+                faults.push(Fault::SwitchoverDuringFault);
+                faults
+            }
             Backend::EtcdCluster => vec![
                 Fault::Kill9,
                 Fault::Sigterm,
@@ -248,6 +252,7 @@ impl Backend {
             Backend::RedisFailover => {
                 let mut faults = Fault::ALL[..9].to_vec();
                 faults.push(Fault::PromoteReplica);
+                faults.push(Fault::SwitchoverDuringFault);
                 faults
             }
         };
@@ -304,10 +309,14 @@ pub enum Fault {
     /// the primary, promote the replica (`REPLICAOF NO ONE`), switch the candidates' relay
     /// to it, and start a fresh replica of it for the next failover. Loses data.
     PromoteReplica,
+    /// Black-hole or slow down the leader's link to the store and, while it lasts, run
+    /// `incumbent switchover` to another live candidate (an operator moving leadership in the
+    /// middle of trouble); then heal, and wait for the switchover to end.
+    SwitchoverDuringFault,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 20] = [
         Fault::Kill9,
         Fault::Sigterm,
         Fault::FreezeGroup,
@@ -327,6 +336,7 @@ impl Fault {
         Fault::IgnoreCancel,
         Fault::PartitionMember,
         Fault::PromoteReplica,
+        Fault::SwitchoverDuringFault,
     ];
 
     pub fn name(self) -> &'static str {
@@ -350,6 +360,7 @@ impl Fault {
             Fault::IgnoreCancel => "worker-ignores-cancel",
             Fault::PartitionMember => "partition-member",
             Fault::PromoteReplica => "promote-replica",
+            Fault::SwitchoverDuringFault => "switchover-during-fault",
         }
     }
 }
@@ -1237,6 +1248,67 @@ impl World {
                 details.insert("lag_ms".into(), (lag.as_millis() as u64).into());
                 healed = Some(pair.fail_over(lag, errors).await);
             }
+            Fault::SwitchoverDuringFault => {
+                let others: Vec<usize> = (0..self.candidates.len())
+                    .filter(|&t| t != index && self.candidates[t].is_some())
+                    .collect();
+                let proxy = self.proxies[index].as_ref().expect("a proxy");
+                let blackhole = rng.bool();
+                match blackhole {
+                    true => proxy.blackhole(true),
+                    false => {
+                        let ms = ttl.as_millis() as u64;
+                        proxy.set_latency(Duration::from_millis(ms / 20 + rng.u64(..ms * 3 / 20)));
+                    }
+                }
+                details.insert("blackhole".into(), blackhole.into());
+                let switchover = match others.as_slice() {
+                    [] => None,
+                    others => {
+                        let target = others[rng.usize(..others.len())];
+                        let to = format!("c{target}-{}", self.generations[target]);
+                        details.insert("to".into(), to.clone().into());
+                        let limit = hold + ttl * 4;
+                        Command::new(&self.config.incumbent)
+                            .args(["switchover", "--backend", &self.url(target)])
+                            .args(["--election", ELECTION, "--to", &to])
+                            .args(["--timeout", &format!("{}ms", limit.as_millis())])
+                            .env_remove("RUST_LOG")
+                            .env_remove("INCUMBENT_BACKEND")
+                            .env("PGUSER", crate::support::postgres::USER)
+                            .stdin(Stdio::null())
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .spawn()
+                            .ok()
+                            .map(|child| (child, Instant::now() + limit + ttl))
+                    }
+                };
+                sleep(hold / 2 + Duration::from_millis(rng.u64(..hold.as_millis() as u64 / 2)))
+                    .await;
+                let proxy = self.proxies[index].as_ref().expect("a proxy");
+                proxy.blackhole(false);
+                proxy.set_latency(Duration::ZERO);
+                healed = Some(mono_ns());
+                if let Some((mut child, deadline)) = switchover {
+                    let code = loop {
+                        match child.try_wait() {
+                            Ok(Some(status)) => break status.code(),
+                            _ if Instant::now() >= deadline => {
+                                let _ = child.kill();
+                                let _ = child.wait();
+                                errors.push(format!(
+                                    "incumbent switchover did not exit within {:?}",
+                                    hold + ttl * 5
+                                ));
+                                break None;
+                            }
+                            _ => sleep(Duration::from_millis(20)).await,
+                        }
+                    };
+                    details.insert("exit_code".into(), code.into());
+                }
+            }
             Fault::AbortTask
             | Fault::DropRuntime
             | Fault::Shutdown
@@ -1251,6 +1323,9 @@ impl World {
         let held = Duration::from_nanos(heal - inject);
         let bound = match fault {
             Fault::Sigterm | Fault::StderrStall => HANDOFF_BOUND + held,
+            // A hand-over keeps the next term for its target for a window (the ttl), and a
+            // target cut off meanwhile lets it lapse into an open election.
+            Fault::SwitchoverDuringFault => held + ttl + self.backend.failover_bound(),
             // The leader's candidate loses its session, as after a kill, once the two other
             // members expire it: at once if one of them leads the ensemble; else once they
             // noticed their leader is gone (syncLimit ticks) and elected another (which gives
