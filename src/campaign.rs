@@ -614,6 +614,15 @@ struct TermEnd {
     transfer: Option<Transfer>,
 }
 
+/// A hand-over asked of the leader: by a handle (`done` waits for the outcome) or through
+/// the store (`request`: the requester's id, to say why in the leader's value if refused).
+struct Ask<'a> {
+    to: String,
+    window: Option<Duration>,
+    done: Option<oneshot::Sender<Result<HandedOver>>>,
+    request: Option<&'a str>,
+}
+
 /// A hand-over that ended the term: the next one is kept for `to`.
 struct Transfer {
     to: String,
@@ -974,7 +983,6 @@ impl<B: Backend> Engine<B> {
                 self.set_role(Role::Candidate);
             }
             let from = self.take_over_from.take();
-            self.tried_take_over = from.clone().or(self.tried_take_over.take());
             let attempting = async {
                 match &from {
                     Some(holder) => contender.take_over(holder).await,
@@ -993,6 +1001,14 @@ impl<B: Backend> Engine<B> {
                     return Box::pin(self.step_aside(contender, done)).await;
                 }
             };
+            if let Some(from) = from {
+                match &attempt {
+                    // The store refused this take-over: not again for the same value.
+                    Ok(_) => self.tried_take_over = Some(from),
+                    // No answer: try it again after the back-off.
+                    Err(_) => self.take_over_from = Some(from),
+                }
+            }
             let interrupt = match attempt {
                 Ok(Attempt::Won { fencing_token }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("won"))
@@ -1295,7 +1311,8 @@ impl<B: Backend> Engine<B> {
                         continue;
                     }
                     Some(Command::HandOver { to, window, done }) => {
-                        match Box::pin(self.prepare_hand_over(contender, &mut health, office, to, window, done)).await {
+                        let ask = Ask { to, window, done, request: None };
+                        match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
                             Some(ready) => {
                                 transfer = Some(ready);
                                 break (DemotionReason::HandedOver, None);
@@ -1318,7 +1335,8 @@ impl<B: Backend> Engine<B> {
                         continue;
                     }
                     span_info(&office.span, &format!("a hand-over to {} was requested through the store", request.to));
-                    match Box::pin(self.prepare_hand_over(contender, &mut health, office, request.to, request.window, None)).await {
+                    let ask = Ask { to: request.to.clone(), window: request.window, done: None, request: Some(&request.id) };
+                    match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
                         Some(ready) => {
                             transfer = Some(ready);
                             break (DemotionReason::HandedOver, None);
@@ -1357,23 +1375,15 @@ impl<B: Backend> Engine<B> {
         contender: &mut ContenderOf<B>,
         health: &mut watch::Receiver<SessionHealth>,
         office: &Office,
-        to: String,
-        window: Option<Duration>,
-        done: Option<oneshot::Sender<Result<HandedOver>>>,
+        ask: Ask<'_>,
     ) -> Option<Transfer> {
+        let Ask {
+            to,
+            window,
+            done,
+            request,
+        } = ask;
         let window = window.unwrap_or(self.config.hand_over_window);
-        let refuse = |done: Option<oneshot::Sender<Result<HandedOver>>>, error: Error| {
-            ::metrics::counter!(
-                metrics::HAND_OVERS,
-                self.labels_base_with("outcome", "refused")
-            )
-            .increment(1);
-            span_info(&office.span, &format!("hand-over refused: {error}"));
-            if let Some(done) = done {
-                let _ = done.send(Err(error));
-            }
-            None
-        };
         if to == self.config.candidate.id {
             if let Some(done) = done {
                 let _ = done.send(Ok(HandedOver {
@@ -1383,6 +1393,44 @@ impl<B: Backend> Engine<B> {
             }
             return None;
         }
+        let Err(error) = self
+            .ready_for_hand_over(contender, health, office, &to, window)
+            .await
+        else {
+            return Some(Transfer { to, window, done });
+        };
+        ::metrics::counter!(
+            metrics::HAND_OVERS,
+            self.labels_base_with("outcome", "refused")
+        )
+        .increment(1);
+        span_info(&office.span, &format!("hand-over refused: {error}"));
+        if let Some(request) = request {
+            // The requester, in another process, reads why in the leader's value.
+            let _ = within_term(
+                health,
+                self.config.renew_deadline,
+                contender.proclaim(&office.leader.refusing(request, &error.to_string())),
+            )
+            .await;
+        }
+        if let Some(done) = done {
+            let _ = done.send(Err(error));
+        }
+        None
+    }
+
+    /// The checks of [`prepare_hand_over`](Self::prepare_hand_over), and the naming of the
+    /// target on line and gate stores.
+    async fn ready_for_hand_over(
+        &mut self,
+        contender: &mut ContenderOf<B>,
+        health: &mut watch::Receiver<SessionHealth>,
+        office: &Office,
+        to: &str,
+        window: Duration,
+    ) -> Result<()> {
+        let to = to.to_owned();
         let (backend, name) = (self.backend.clone(), self.config.name.clone());
         let checked = within_term(
             health,
@@ -1390,9 +1438,7 @@ impl<B: Backend> Engine<B> {
             switchover::check_live(&backend, &name, &to),
         )
         .await;
-        if let Err(error) = checked {
-            return refuse(done, error);
-        }
+        checked?;
         let style = self.backend.info().hand_over;
         if style != HandOverStyle::Escrow {
             let named = office.leader.handing_over_to(&to, window);
@@ -1402,11 +1448,10 @@ impl<B: Backend> Engine<B> {
                 contender.proclaim(&named),
             )
             .await;
-            if let Err(error) = proclaimed {
-                return refuse(done, error);
-            }
+            proclaimed?;
             if style == HandOverStyle::Line {
-                let until = Instant::now() + self.config.renew_interval;
+                // Bounded by the renew deadline: the term stays trusted meanwhile.
+                let until = Instant::now() + self.config.renew_deadline;
                 let clear = within_term(health, self.config.renew_deadline, async {
                     Ok(switchover::line_clear(&backend, &name, &to, until).await)
                 })
@@ -1437,11 +1482,11 @@ impl<B: Backend> Engine<B> {
                         contender.proclaim(&office.leader),
                     )
                     .await;
-                    return refuse(done, error);
+                    return Err(error);
                 }
             }
         }
-        Some(Transfer { to, window, done })
+        Ok(())
     }
 
     /// After the term was cancelled: the status and the metrics stop saying "leader", the
@@ -1634,6 +1679,20 @@ impl<B: Backend> Engine<B> {
                 }
                 _ = taken => holding = None,
                 () = sleep_until(until) => {
+                    // One fresh read: an observer that polls (the file backend's) may not
+                    // have looked since the target took office.
+                    let fresh = async {
+                        let mut observer = self.backend.observe(&name).await?;
+                        observer.next().await
+                    };
+                    if let Ok(Ok(Some(leader))) = timeout(self.config.renew_interval, fresh).await {
+                        if switchover::took_office(&leader, to) {
+                            return (Ok(HandedOver { to: to.to_owned(), fencing_token: leader.fencing_token }), false);
+                        }
+                        if leader.candidate.id != self.config.candidate.id {
+                            last_seen = Some(leader.candidate.id);
+                        }
+                    }
                     let lapsed = HandOverError::Lapsed { to: to.to_owned(), window, now: last_seen };
                     return (Err(lapsed.into()), false);
                 }

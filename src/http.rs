@@ -194,7 +194,7 @@ impl Health {
     /// follower asks the leader through the store), and the answer waits for the outcome:
     /// `200` `{"to", "fencing_token"}` once the target leads; `409` `{"error", "reason"}`
     /// when refused, nothing moved (`reason`: `not_a_candidate`, `in_progress`,
-    /// `superseded`, `no_leader`, `line_not_clear`); `504` when it did not finish (`lapsed`:
+    /// `superseded`, `no_leader`, `line_not_clear`, `refused`); `504` when it did not finish (`lapsed`:
     /// the target did not take office within the window and an open election followed;
     /// `not_finished`); `400` for a missing `to`; `404` for an election not served here;
     /// `503` when the campaign has stopped.
@@ -479,6 +479,7 @@ async fn switchover(
                 HandOverError::Superseded { .. } => (StatusCode::CONFLICT, "superseded"),
                 HandOverError::NoLeader => (StatusCode::CONFLICT, "no_leader"),
                 HandOverError::LineNotClear { .. } => (StatusCode::CONFLICT, "line_not_clear"),
+                HandOverError::Refused { .. } => (StatusCode::CONFLICT, "refused"),
                 HandOverError::Lapsed { .. } => (StatusCode::GATEWAY_TIMEOUT, "lapsed"),
                 _ => (StatusCode::GATEWAY_TIMEOUT, "not_finished"),
             };

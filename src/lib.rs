@@ -171,6 +171,39 @@
 //! resume after another leader began. Fencing tokens are the defence: a downstream store
 //! that rejects the old token refuses the frozen leader's late writes.
 //!
+//! # Moving leadership on purpose
+//!
+//! Before a deploy or a drain, or back to the preferred region after a failover, hand the
+//! election to a named candidate: [`Runner::hand_over`] (or [`CampaignHandle::hand_over`])
+//! checks that the target is a live candidate, stops this leader's work as a resign does,
+//! and keeps the next term for the target alone for the hand-over window (default: the
+//! ttl); the target's token is greater, and a target that does not take office lapses into
+//! an open election. Called on a follower, the request goes to the leader through the store;
+//! [`Election::hand_over`] asks without campaigning, and `incumbent switchover` from the
+//! command line. [`resign_for`](CampaignHandle::resign_for) steps down and stays out for a
+//! while; [`ElectionBuilder::priority`] makes a preferred candidate that asks for the lead
+//! once it has settled. The steps per store are in [`switchover`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+//! use incumbent::{Election, HandOverError, Error, memory::MemoryBackend};
+//!
+//! let backend = MemoryBackend::new();
+//! let build = |id: &str| Election::builder(backend.clone(), "scheduler").candidate(id).build();
+//! let mut a = build("host-a")?.campaign();
+//! # while !a.status().borrow().is_leader() { a.recv().await; }
+//! let b = build("host-b")?.campaign();
+//! # let mut s = b.status(); s.wait_for(|s| s.role == incumbent::Role::Follower).await.ok();
+//! // host-a leads, host-b follows.
+//! match a.hand_over("nobody").await {
+//!     Err(Error::HandOver(HandOverError::NotACandidate { .. })) => {} // nothing moved
+//!     other => panic!("{other:?}"),
+//! }
+//! let done = a.hand_over("host-b").await?; // returns once host-b leads
+//! assert_eq!(done.to, "host-b");
+//! # Ok(()) }
+//! ```
+//!
 //! # Promises
 //!
 //! 1. At most one trusted leader: the term is cancelled before the store can grant the lock

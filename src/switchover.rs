@@ -65,6 +65,10 @@ pub const HANDING_OVER_KEY: &str = "incumbent.handing_over";
 
 pub use crate::config::RESERVED_METADATA_PREFIX;
 
+/// The metadata entry in which a leader says why it refused a request read from the store:
+/// `{"request": <the requester's id>, "reason": <why>}`, until its value changes again.
+pub const REFUSED_KEY: &str = "incumbent.refused";
+
 /// The request metadata: the target.
 const REQUEST_TO: &str = "incumbent.to";
 /// The request metadata: the window in milliseconds.
@@ -120,6 +124,25 @@ impl Leader {
     }
 }
 
+impl Leader {
+    /// This leader, saying that it refused the request `request` for `reason`.
+    pub(crate) fn refusing(&self, request: &str, reason: &str) -> Leader {
+        let mut leader = self.clone();
+        leader.candidate.metadata.insert(
+            REFUSED_KEY.to_owned(),
+            serde_json::json!({ "request": request, "reason": reason }).to_string(),
+        );
+        leader
+    }
+
+    /// Why this leader refused the request `request`, if it says so.
+    fn refused(&self, request: &str) -> Option<String> {
+        let text = self.candidate.metadata.get(REFUSED_KEY)?;
+        let said: serde_json::Value = serde_json::from_str(text).ok()?;
+        (said["request"] == request).then(|| said["reason"].as_str().unwrap_or("").to_owned())
+    }
+}
+
 /// A hand-over that completed: the target leads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HandedOver {
@@ -160,6 +183,13 @@ pub enum HandOverError {
     Superseded {
         /// Who leads now.
         now: String,
+    },
+    /// The leader refused the request it read from the store, for `reason` (the target was
+    /// not live when it looked, or the line did not clear); nothing moved.
+    #[error("the leader refused: {reason}")]
+    Refused {
+        /// Why, as the leader said.
+        reason: String,
     },
     /// Nobody leads the election, so nobody can hand over.
     #[error("nobody leads the election, so nobody can hand it over")]
@@ -422,7 +452,7 @@ pub(crate) async fn request_with<S: Session, O: Observer>(
             return Err(HandOverError::InProgress { to: String::new() }.into());
         }
     }
-    let outcome = follow_outcome(observer, &mut current, to, deadline, waited).await;
+    let outcome = follow_outcome(observer, &mut current, to, &requester.id, deadline, waited).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), lock.release()).await;
     outcome
 }
@@ -440,6 +470,7 @@ async fn follow_outcome<O: Observer>(
     observer: &mut O,
     current: &mut Option<Leader>,
     to: &str,
+    request: &str,
     deadline: Instant,
     waited: Duration,
 ) -> Result<HandedOver> {
@@ -447,6 +478,9 @@ async fn follow_outcome<O: Observer>(
     let mut handing_over = false;
     let mut window = Duration::ZERO;
     loop {
+        if let Some(reason) = current.as_ref().and_then(|l| l.refused(request)) {
+            return Err(HandOverError::Refused { reason }.into());
+        }
         let reservation = current.as_ref().and_then(Leader::handing_over);
         if let Some(h) = &reservation {
             window = h.window();
@@ -547,6 +581,25 @@ mod tests {
         assert_eq!(name, presence_name("jobs/index", "host-a:8080 (ü)"));
         assert_ne!(name, presence_name("jobs/index", "host-b:8080"));
         crate::config::validate_name(&request_name("jobs/index")).expect("valid");
+    }
+
+    #[test]
+    fn a_refusal_is_read_back_by_its_request_only() {
+        let leader = Leader {
+            candidate: Candidate {
+                id: "a".into(),
+                metadata: BTreeMap::new(),
+            },
+            fencing_token: Some(3),
+            since_unix_ms: None,
+        };
+        let refusing = leader.refusing("switchover:h:1:00ab", "\"c\" is not a live candidate");
+        assert_eq!(
+            refusing.refused("switchover:h:1:00ab").as_deref(),
+            Some("\"c\" is not a live candidate")
+        );
+        assert_eq!(refusing.refused("switchover:h:2:00cd"), None);
+        assert_eq!(leader.refused("switchover:h:1:00ab"), None);
     }
 
     #[test]

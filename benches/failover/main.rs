@@ -132,7 +132,8 @@ async fn file() {
     let backend = || FileBackend::in_dir(dir.path());
     let handoff = common::handoff_rounds(backend, ttl, 200).await;
     common::print_latencies("hand-off after resign", &handoff);
-    let (gaps, calls) = switchover::rounds(vec![backend(), backend(), backend()], ttl, 200).await;
+    // A candidate that the gate keeps out waits the window before it follows again.
+    let (gaps, calls) = switchover::rounds(vec![backend(), backend(), backend()], ttl, 30).await;
     let path = dir.path().to_owned();
     let connect = move || {
         let path = path.clone();

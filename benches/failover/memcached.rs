@@ -50,7 +50,8 @@ pub async fn run() {
             connect(addr).await,
             connect(addr).await,
         ];
-        let (gaps, calls) = crate::switchover::rounds(members, TTL, POLLED_ROUNDS).await;
+        let (gaps, calls) =
+            crate::switchover::rounds(members, TTL, polled::SWITCHOVER_POLLED_ROUNDS).await;
         let window = Duration::from_millis(500);
         let fallback = crate::switchover::dead_target(move || connect(addr), TTL, window, 3).await;
         crate::switchover::print(

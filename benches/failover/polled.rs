@@ -38,6 +38,9 @@ async fn elected(campaign: &mut Campaign, limit: Duration) -> bool {
     timeout(limit, next).await.unwrap_or(false)
 }
 
+/// Switchover rounds where followers poll: the target sees the escrow at its next poll.
+pub const SWITCHOVER_POLLED_ROUNDS: usize = 40;
+
 /// Two candidates on two backends (as two processes); the leader resigns at a random moment
 /// of the follower's poll (uniform over `phase` after it reports it follows), and the time
 /// until the follower reports `Elected` is recorded.

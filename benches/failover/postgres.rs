@@ -79,7 +79,11 @@ pub async fn run() {
             connect(addr, listen).await,
             connect(addr, listen).await,
         ];
-        let (gaps, calls) = crate::switchover::rounds(members, TTL, rounds).await;
+        let switchovers = match listen {
+            true => rounds,
+            false => polled::SWITCHOVER_POLLED_ROUNDS,
+        };
+        let (gaps, calls) = crate::switchover::rounds(members, TTL, switchovers).await;
         let window = Duration::from_millis(500);
         let dead = move || connect(addr, listen);
         let fallback = crate::switchover::dead_target(dead, TTL, window, 3).await;

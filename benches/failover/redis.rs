@@ -66,7 +66,11 @@ pub async fn run() {
             Notifications::IfEnabled,
             HANDOFF_ROUNDS,
         ),
-        ("polling every 100 ms", Notifications::Off, POLLED_ROUNDS),
+        (
+            "polling every 100 ms",
+            Notifications::Off,
+            polled::SWITCHOVER_POLLED_ROUNDS,
+        ),
     ] {
         let members = vec![
             connect(addr, notifications).await,

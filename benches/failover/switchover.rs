@@ -53,6 +53,10 @@ fn watch(
     rx
 }
 
+/// The hand-over window of the rounds: long enough for a polling target to take office, short
+/// enough that a candidate kept out by a gate (the file backend) is back in the next round.
+pub const WINDOW: Duration = Duration::from_millis(500);
+
 /// Three candidates; the leader hands over to the next one, round after round. Returns the
 /// gaps from the old work's exit to the target's election (its first instruction), and the
 /// whole calls.
@@ -66,7 +70,7 @@ pub async fn rounds<B: Backend>(
     let mut handles = Vec::new();
     let mut elected = Vec::new();
     for (backend, id) in members.into_iter().zip(ids) {
-        let campaign = election(backend, id, ttl, ttl).campaign();
+        let campaign = election(backend, id, ttl, WINDOW).campaign();
         handles.push(campaign.handle());
         elected.push(watch(campaign, stopped.clone()));
     }
@@ -172,9 +176,17 @@ where
         drop(crash_tx);
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         let asked = Instant::now();
-        let outcome = a.hand_over(target.clone()).await;
-        if outcome.is_ok() {
-            println!("  round {round}: the dead target took office?");
+        match a.hand_over(target.clone()).await {
+            Ok(_) => println!("  round {round}: the dead target took office?"),
+            Err(incumbent::Error::HandOver(incumbent::HandOverError::NotACandidate { .. })) => {
+                println!(
+                    "  round {round}: refused: the store dropped the dead target's records at once"
+                );
+                let _ = a.shutdown().await;
+                let _ = b.shutdown().await;
+                continue;
+            }
+            Err(_) => {}
         }
         let next = async {
             loop {
@@ -213,7 +225,7 @@ pub fn print(
     common::print_latencies_against(
         &format!("switchover on {store}: old work's exit to the target's election"),
         gaps,
-        "median <= 5 ms",
+        "median <= 5 ms (etcd)",
     );
     common::print_latencies(&format!("  the whole hand_over call on {store}"), calls);
     common::print_latencies(

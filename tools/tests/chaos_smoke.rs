@@ -73,7 +73,17 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             true,
             vec![Fault::Kill9, Fault::FreezeGroup, Fault::Sigterm],
         ),
-        (Backend::Etcd, true, vec![Fault::Blackhole, Fault::Sigterm]),
+        // A switchover asked while the leader's link is cut or slow (library candidates
+        // serve it as `incumbent run` does).
+        (
+            Backend::Etcd,
+            true,
+            vec![
+                Fault::Blackhole,
+                Fault::SwitchoverDuringFault,
+                Fault::Sigterm,
+            ],
+        ),
         (
             Backend::Zookeeper,
             false,
