@@ -1636,6 +1636,10 @@ impl<B: Backend> Engine<B> {
         let mut sightings = Sightings::default();
         let name = self.config.name.clone();
         let mut last_seen: Option<String> = None;
+        // The file backend's observers read the leader file every 500 ms: on its host a read
+        // is cheap, so the target's win is looked for more often.
+        let recheck =
+            (self.backend.info().hand_over == HandOverStyle::Gate).then_some(GATE_RECHECK);
         loop {
             let taken = async {
                 match holding.as_deref_mut() {
@@ -1678,14 +1682,19 @@ impl<B: Backend> Engine<B> {
                     }
                 }
                 _ = taken => holding = None,
+                leader = read_leader(&self.backend, &name, recheck.unwrap_or_default()), if recheck.is_some() => {
+                    if let Some(leader) = leader
+                        && switchover::took_office(&leader, to)
+                    {
+                        self.saw_leader(Some(leader.clone()));
+                        return (Ok(HandedOver { to: to.to_owned(), fencing_token: leader.fencing_token }), false);
+                    }
+                }
                 () = sleep_until(until) => {
                     // One fresh read: an observer that polls (the file backend's) may not
                     // have looked since the target took office.
-                    let fresh = async {
-                        let mut observer = self.backend.observe(&name).await?;
-                        observer.next().await
-                    };
-                    if let Ok(Ok(Some(leader))) = timeout(self.config.renew_interval, fresh).await {
+                    let fresh = read_leader(&self.backend, &name, Duration::ZERO);
+                    if let Ok(Some(leader)) = timeout(self.config.renew_interval, fresh).await {
                         if switchover::took_office(&leader, to) {
                             return (Ok(HandedOver { to: to.to_owned(), fencing_token: leader.fencing_token }), false);
                         }
@@ -1993,6 +2002,18 @@ impl<B: Backend> Engine<B> {
     fn labels(&self, result: &'static str) -> Vec<::metrics::Label> {
         self.labels_base_with("result", result)
     }
+}
+
+/// How often the old leader of a gate store (the file backend) reads the election while it
+/// waits for the target of its hand-over to take office.
+const GATE_RECHECK: Duration = Duration::from_millis(5);
+
+/// The holder of `name`, read once with a fresh observer after `after`; `None` when nobody
+/// holds it or the read failed.
+async fn read_leader<B: Backend>(backend: &B, name: &str, after: Duration) -> Option<Leader> {
+    sleep(after).await;
+    let mut observer = backend.observe(name).await.ok()?;
+    observer.next().await.ok().flatten()
 }
 
 /// The inside of a mutex reached through `&mut`: no lock is taken.
