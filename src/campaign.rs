@@ -1794,7 +1794,7 @@ impl<B: Backend> Engine<B> {
     /// deadline; a failure leaves the candidate without one (a hand-over to it is refused)
     /// until the next attempt.
     async fn keep_presence(&mut self, session: &B::Session) {
-        if self.backend.info().hand_over == HandOverStyle::Line {
+        if !self.config.accept_hand_overs || self.backend.info().hand_over == HandOverStyle::Line {
             return;
         }
         let id = session.id();

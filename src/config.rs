@@ -54,6 +54,9 @@ pub struct Config {
     pub hand_over_window: Duration,
     /// Whether the leader watches the election's request lock for hand-over requests.
     pub switchover_requests: bool,
+    /// Whether this candidate keeps a presence record (on stores without a line), so that a
+    /// hand-over to it can check that it is live.
+    pub accept_hand_overs: bool,
     /// This candidate's priority: a live candidate of a higher one asks for the lead.
     pub priority: Option<Priority>,
 }
@@ -105,6 +108,7 @@ pub(crate) struct Draft {
     pub candidate_label: bool,
     pub hand_over_window: Option<Duration>,
     pub switchover_requests: Option<bool>,
+    pub accept_hand_overs: Option<bool>,
     pub priority: Option<Priority>,
 }
 
@@ -207,6 +211,7 @@ impl Draft {
                 None => ttl,
             },
             switchover_requests: self.switchover_requests.unwrap_or(true),
+            accept_hand_overs: self.accept_hand_overs.unwrap_or(true),
             priority: self.priority,
         })
     }

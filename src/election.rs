@@ -163,6 +163,17 @@ impl<B: Backend> ElectionBuilder<B> {
         self
     }
 
+    /// Whether this candidate can be the target of a hand-over (default: on). On the stores
+    /// that keep no line of candidates (all but etcd and ZooKeeper) a target must hold a
+    /// presence record of its own, `<election>/.candidates/<hash of its id>`, renewed with its
+    /// session: one more key per candidate and election. Off: no record, and a hand-over to
+    /// this candidate is refused as not live (on etcd and ZooKeeper the store's line shows it
+    /// anyway).
+    pub fn accept_hand_overs(mut self, on: bool) -> Self {
+        self.draft.accept_hand_overs = Some(on);
+        self
+    }
+
     /// Makes this a preferred candidate: while it is live, follows, and has seen the same
     /// leader for `settle` (default [`DEFAULT_PRIORITY_SETTLE`](crate::config::DEFAULT_PRIORITY_SETTLE)
     /// with [`priority`](Self::priority)), and that leader's priority is lower (a candidate

@@ -212,7 +212,12 @@ fn campaigns<B: Backend>(
             .candidate(format!("c{client}"))
             .ttl(params.ttl)
             .backoff(params.backoff.0, params.backoff.1)
-            .grace(params.grace);
+            .grace(params.grace)
+            // The simulated stores model one election: a candidate's presence record or a
+            // watch of the request lock would be the election's key itself. Hand-overs are
+            // not simulated.
+            .accept_hand_overs(false)
+            .switchover_requests(false);
         if let Some(delay) = params.lock_delay {
             builder = builder.lock_delay(delay);
         }
