@@ -9,8 +9,9 @@
 //!    etcd and ZooKeeper the store keeps the line of candidates, and the target must be in
 //!    it; on the other stores every candidate keeps a presence record of its own
 //!    (`<election>/.candidates/<hash of its id>`, held with its session, gone when it dies,
-//!    yields or shuts down). Otherwise the answer is [`HandOverError::NotACandidate`] and
-//!    nothing moves.
+//!    yields or shuts down; [`ElectionBuilder::accept_hand_overs`](crate::ElectionBuilder::accept_hand_overs)
+//!    turns it off). Otherwise the answer is [`HandOverError::NotACandidate`] and nothing
+//!    moves.
 //! 2. **The leader ends its term** as for a resign: the term is cancelled, its work is waited
 //!    for (at most the grace, never past the lease's last safe instant), and the
 //!    [`DemotionReason`](crate::DemotionReason) is [`HandedOver`](crate::DemotionReason::HandedOver),
@@ -45,7 +46,11 @@
 //! requests: a second request while one holds it is refused with
 //! [`HandOverError::InProgress`], and a leader serves one hand-over at a time. So two
 //! requests for different targets give one winner and one clear error, never two leaders
-//! (the store's lock still admits one holder at a time).
+//! (the store's lock still admits one holder at a time). A request is addressed to the leader
+//! it was made to: if leadership moves by other means first, it is not served, and the
+//! requester gets [`HandOverError::Superseded`]. A leader that refuses a request says why in
+//! its value (the `incumbent.refused` entry, naming the request), and the requester returns
+//! [`HandOverError::Refused`] with that reason.
 
 use std::collections::BTreeMap;
 use std::future::Future;
