@@ -500,6 +500,30 @@ pub struct MemoryContender {
     version: watch::Receiver<u64>,
 }
 
+impl MemoryContender {
+    /// Makes this contender the election's holder with the next token, and says so (the
+    /// caller marks the change seen: `self.version`).
+    fn take(&self, state: &mut State) -> FencingToken {
+        let entry = state.election(&self.election);
+        entry.last_token += 1;
+        let fencing_token = entry.last_token;
+        entry.holder = Some(Holding {
+            session: self.session,
+            contender: self.id,
+            leader: Leader {
+                candidate: self.candidate.clone(),
+                fencing_token: Some(fencing_token),
+                since_unix_ms: Some(unix_ms_now()),
+            },
+        });
+        entry.version.send_modify(|v| *v += 1);
+        if let Some(session) = state.sessions.get_mut(&self.session) {
+            session.held.insert(self.election.clone());
+        }
+        fencing_token
+    }
+}
+
 impl Contender for MemoryContender {
     async fn acquire(&mut self) -> Result<Attempt> {
         self.backend.gate().await?;
@@ -526,22 +550,8 @@ impl Contender for MemoryContender {
         if let Some(until) = entry.delayed_until.filter(|until| *until > now) {
             return Ok(Attempt::Delayed { until });
         }
-        entry.last_token += 1;
-        let fencing_token = entry.last_token;
-        entry.holder = Some(Holding {
-            session: self.session,
-            contender: self.id,
-            leader: Leader {
-                candidate: self.candidate.clone(),
-                fencing_token: Some(fencing_token),
-                since_unix_ms: Some(unix_ms_now()),
-            },
-        });
-        entry.version.send_modify(|v| *v += 1);
+        let fencing_token = self.take(&mut state);
         self.version.borrow_and_update();
-        if let Some(session) = state.sessions.get_mut(&self.session) {
-            session.held.insert(self.election.clone());
-        }
         Ok(Attempt::Won { fencing_token })
     }
 
@@ -564,25 +574,11 @@ impl Contender for MemoryContender {
             match &entry.holder {
                 Some(holding) if named && holding.leader == *holder => {
                     let from = holding.session;
-                    entry.last_token += 1;
-                    let fencing_token = entry.last_token;
-                    entry.holder = Some(Holding {
-                        session: self.session,
-                        contender: self.id,
-                        leader: Leader {
-                            candidate: self.candidate.clone(),
-                            fencing_token: Some(fencing_token),
-                            since_unix_ms: Some(unix_ms_now()),
-                        },
-                    });
-                    entry.version.send_modify(|v| *v += 1);
-                    self.version.borrow_and_update();
                     if let Some(session) = state.sessions.get_mut(&from) {
                         session.held.remove(&self.election);
                     }
-                    if let Some(session) = state.sessions.get_mut(&self.session) {
-                        session.held.insert(self.election.clone());
-                    }
+                    let fencing_token = self.take(&mut state);
+                    self.version.borrow_and_update();
                     Some(fencing_token)
                 }
                 _ => None,

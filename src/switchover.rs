@@ -588,16 +588,20 @@ mod tests {
         crate::config::validate_name(&request_name("jobs/index")).expect("valid");
     }
 
-    #[test]
-    fn a_refusal_is_read_back_by_its_request_only() {
-        let leader = Leader {
+    fn leader_a() -> Leader {
+        Leader {
             candidate: Candidate {
                 id: "a".into(),
                 metadata: BTreeMap::new(),
             },
             fencing_token: Some(3),
             since_unix_ms: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_read_back_by_its_request_only() {
+        let leader = leader_a();
         let refusing = leader.refusing("switchover:h:1:00ab", "\"c\" is not a live candidate");
         assert_eq!(
             refusing.refused("switchover:h:1:00ab").as_deref(),
@@ -609,14 +613,7 @@ mod tests {
 
     #[test]
     fn a_reservation_is_read_back_and_a_hostile_one_is_none() {
-        let leader = Leader {
-            candidate: Candidate {
-                id: "a".into(),
-                metadata: BTreeMap::new(),
-            },
-            fencing_token: Some(3),
-            since_unix_ms: None,
-        };
+        let leader = leader_a();
         let reserving = leader.handing_over_to("b", Duration::from_secs(2));
         let seen = reserving.handing_over().expect("a reservation");
         assert_eq!((seen.to.as_str(), seen.window_ms), ("b", 2_000));

@@ -206,6 +206,18 @@ impl Sandbox {
         self.candidate_running(name, &[], SLEEPER)
     }
 
+    /// `a` (leading once `start(1)` returns), then `b` and `c` following, each with `--id`
+    /// its name.
+    fn three_named(&self) -> (Candidate, Candidate, Candidate) {
+        let a = self.candidate_running("a", &["--id", "a"], SLEEPER);
+        a.start(1);
+        let b = self.candidate_running("b", &["--id", "b"], SLEEPER);
+        b.following();
+        let c = self.candidate_running("c", &["--id", "c"], SLEEPER);
+        c.following();
+        (a, b, c)
+    }
+
     /// Runs `incumbent ARGS` to completion (at most `LIMIT`).
     fn output(&self, args: &[&str]) -> Output {
         self.output_of(self.command(args))
@@ -1665,12 +1677,8 @@ fn switchover_hands_leadership_to_the_named_candidate_and_refuses_one_that_is_no
     // exit code 3 and a still leads; `switchover --to c` exits 0 once c leads, with a greater
     // token, and b never ran its command.
     let sandbox = Sandbox::new();
-    let a = sandbox.candidate_running("a", &["--id", "a"], SLEEPER);
+    let (a, b, c) = sandbox.three_named();
     let first = a.start(1);
-    let b = sandbox.candidate_running("b", &["--id", "b"], SLEEPER);
-    b.following();
-    let c = sandbox.candidate_running("c", &["--id", "c"], SLEEPER);
-    c.following();
     let refused = sandbox.output(&["switchover", "--election", ELECTION, "--to", "nobody"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(3), "{stderr}");
@@ -1697,12 +1705,8 @@ fn switchover_to_a_frozen_target_lapses_with_exit_code_4_and_an_open_election_fo
     // c cannot take office, and after the 1 s window the reservation lapses: exit code 4,
     // and a or b leads.
     let sandbox = Sandbox::new();
-    let a = sandbox.candidate_running("a", &["--id", "a"], SLEEPER);
+    let (a, b, c) = sandbox.three_named();
     let first = a.start(1);
-    let b = sandbox.candidate_running("b", &["--id", "b"], SLEEPER);
-    b.following();
-    let c = sandbox.candidate_running("c", &["--id", "c"], SLEEPER);
-    c.following();
     signal(c.pid(), libc::SIGSTOP);
     let lapsed = sandbox.output(&[
         "switchover",
