@@ -623,6 +623,27 @@ struct Ask<'a> {
     request: Option<&'a str>,
 }
 
+/// How [`Engine::prepare_hand_over`] ended.
+enum Prepared {
+    Ready(Transfer),
+    /// Refused (or to the leader itself); the answer is sent, the term goes on.
+    Refused,
+    /// The lock was lost meanwhile: the term ends at once.
+    Lost(LockLoss),
+}
+
+/// Why a hand-over cannot go on.
+enum NotReady {
+    Refused(Error),
+    Lost(LockLoss),
+}
+
+impl From<Error> for NotReady {
+    fn from(error: Error) -> Self {
+        NotReady::Refused(error)
+    }
+}
+
 /// A hand-over that ended the term: the next one is kept for `to`.
 struct Transfer {
     to: String,
@@ -1313,11 +1334,12 @@ impl<B: Backend> Engine<B> {
                     Some(Command::HandOver { to, window, done }) => {
                         let ask = Ask { to, window, done, request: None };
                         match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
-                            Some(ready) => {
+                            Prepared::Ready(ready) => {
                                 transfer = Some(ready);
                                 break (DemotionReason::HandedOver, None);
                             }
-                            None => continue,
+                            Prepared::Refused => continue,
+                            Prepared::Lost(loss) => break (DemotionReason::from_lock(loss), Some(loss)),
                         }
                     }
                     None => break (DemotionReason::Shutdown, None),
@@ -1337,11 +1359,12 @@ impl<B: Backend> Engine<B> {
                     span_info(&office.span, &format!("a hand-over to {} was requested through the store", request.to));
                     let ask = Ask { to: request.to.clone(), window: request.window, done: None, request: Some(&request.id) };
                     match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
-                        Some(ready) => {
+                        Prepared::Ready(ready) => {
                             transfer = Some(ready);
                             break (DemotionReason::HandedOver, None);
                         }
-                        None => continue,
+                        Prepared::Refused => continue,
+                        Prepared::Lost(loss) => break (DemotionReason::from_lock(loss), Some(loss)),
                     }
                 }
                 changed = fence.changed() => if changed.is_err() {
@@ -1376,7 +1399,7 @@ impl<B: Backend> Engine<B> {
         health: &mut watch::Receiver<SessionHealth>,
         office: &Office,
         ask: Ask<'_>,
-    ) -> Option<Transfer> {
+    ) -> Prepared {
         let Ask {
             to,
             window,
@@ -1391,13 +1414,20 @@ impl<B: Backend> Engine<B> {
                     fencing_token: Some(office.fencing_token),
                 }));
             }
-            return None;
+            return Prepared::Refused;
         }
-        let Err(error) = self
+        let error = match self
             .ready_for_hand_over(contender, health, office, &to, window)
             .await
-        else {
-            return Some(Transfer { to, window, done });
+        {
+            Ok(()) => return Prepared::Ready(Transfer { to, window, done }),
+            Err(NotReady::Lost(loss)) => {
+                if let Some(done) = done {
+                    let _ = done.send(Err(Error::NotLeader));
+                }
+                return Prepared::Lost(loss);
+            }
+            Err(NotReady::Refused(error)) => error,
         };
         ::metrics::counter!(
             metrics::HAND_OVERS,
@@ -1417,7 +1447,7 @@ impl<B: Backend> Engine<B> {
         if let Some(done) = done {
             let _ = done.send(Err(error));
         }
-        None
+        Prepared::Refused
     }
 
     /// The checks of [`prepare_hand_over`](Self::prepare_hand_over), and the naming of the
@@ -1429,43 +1459,39 @@ impl<B: Backend> Engine<B> {
         office: &Office,
         to: &str,
         window: Duration,
-    ) -> Result<()> {
+    ) -> Result<(), NotReady> {
         let to = to.to_owned();
         let (backend, name) = (self.backend.clone(), self.config.name.clone());
-        let checked = within_term(
+        let deadline = self.config.renew_deadline;
+        // The reads of the store race the lock's loss, which ends the term at once.
+        within_term(
             health,
-            self.config.renew_deadline,
-            switchover::check_live(&backend, &name, &to),
+            deadline,
+            unless_lost(contender, switchover::check_live(&backend, &name, &to)),
         )
-        .await;
-        checked?;
+        .await??;
         let style = self.backend.info().hand_over;
         if style != HandOverStyle::Escrow {
             let named = office.leader.handing_over_to(&to, window);
-            let proclaimed = within_term(
-                health,
-                self.config.renew_deadline,
-                contender.proclaim(&named),
-            )
-            .await;
-            proclaimed?;
+            within_term(health, deadline, contender.proclaim(&named)).await?;
             if style == HandOverStyle::Line {
                 // Bounded by the renew deadline: the term stays trusted meanwhile.
-                let until = Instant::now() + self.config.renew_deadline;
-                let clear = within_term(health, self.config.renew_deadline, async {
-                    Ok(switchover::line_clear(&backend, &name, &to, until).await)
-                })
-                .await;
+                let until = Instant::now() + deadline;
+                let clearing =
+                    async { Ok(switchover::line_clear(&backend, &name, &to, until).await) };
+                let clear = within_term(health, deadline, unless_lost(contender, clearing)).await;
                 let refusal = match clear {
-                    Ok(Ok(())) => None,
-                    Ok(Err(ahead)) if ahead.is_empty() => Some(
+                    Ok(Err(NotReady::Lost(loss))) => return Err(NotReady::Lost(loss)),
+                    Ok(Err(NotReady::Refused(error))) => Some(error),
+                    Ok(Ok(Ok(()))) => None,
+                    Ok(Ok(Err(ahead))) if ahead.is_empty() => Some(
                         HandOverError::NotACandidate {
                             to: to.clone(),
                             live: None,
                         }
                         .into(),
                     ),
-                    Ok(Err(ahead)) => Some(
+                    Ok(Ok(Err(ahead))) => Some(
                         HandOverError::LineNotClear {
                             to: to.clone(),
                             ahead,
@@ -1476,13 +1502,8 @@ impl<B: Backend> Engine<B> {
                 };
                 if let Some(error) = refusal {
                     // The term goes on: the value names nobody again.
-                    let _ = within_term(
-                        health,
-                        self.config.renew_deadline,
-                        contender.proclaim(&office.leader),
-                    )
-                    .await;
-                    return Err(error);
+                    let _ = within_term(health, deadline, contender.proclaim(&office.leader)).await;
+                    return Err(NotReady::Refused(error));
                 }
             }
         }
@@ -2051,6 +2072,18 @@ async fn within_term<T>(
             () = sleep_until(deadline) => return Err(Error::NotLeader),
             done = &mut work => return done,
         }
+    }
+}
+
+/// `work`, unless the contender's lock is lost first (`Err`, at once: the term must end).
+async fn unless_lost<C: Contender, T>(
+    contender: &mut C,
+    work: impl Future<Output = Result<T>>,
+) -> Result<Result<T, NotReady>> {
+    tokio::select! {
+        biased;
+        loss = contender.lost() => Ok(Err(NotReady::Lost(loss))),
+        done = work => done.map(Ok),
     }
 }
 
