@@ -1804,6 +1804,12 @@ impl<B: Backend> Engine<B> {
         }
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
         self.drop_presence().await;
+        // The status says so before the resign is answered: its caller reads it next.
+        let until = match &self.stepped_aside_for {
+            Some((_, until)) => *until,
+            None => Instant::now() + self.inbox.yielding().unwrap_or_default(),
+        };
+        self.set_role(Role::CoolingDown { until });
         if let Some(done) = done {
             let _ = done.send(());
         }
