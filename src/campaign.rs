@@ -632,6 +632,23 @@ enum Prepared {
     Lost(LockLoss),
 }
 
+impl Prepared {
+    /// How the term ends, if it does: handed over (`transfer` set) or lost; `None`: it goes on.
+    fn ends_term(
+        self,
+        transfer: &mut Option<Transfer>,
+    ) -> Option<(DemotionReason, Option<LockLoss>)> {
+        match self {
+            Prepared::Ready(ready) => {
+                *transfer = Some(ready);
+                Some((DemotionReason::HandedOver, None))
+            }
+            Prepared::Refused => None,
+            Prepared::Lost(loss) => Some((DemotionReason::from_lock(loss), Some(loss))),
+        }
+    }
+}
+
 /// Why a hand-over cannot go on.
 enum NotReady {
     Refused(Error),
@@ -1333,13 +1350,10 @@ impl<B: Backend> Engine<B> {
                     }
                     Some(Command::HandOver { to, window, done }) => {
                         let ask = Ask { to, window, done, request: None };
-                        match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
-                            Prepared::Ready(ready) => {
-                                transfer = Some(ready);
-                                break (DemotionReason::HandedOver, None);
-                            }
-                            Prepared::Refused => continue,
-                            Prepared::Lost(loss) => break (DemotionReason::from_lock(loss), Some(loss)),
+                        let prepared = Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await;
+                        match prepared.ends_term(&mut transfer) {
+                            Some(end) => break end,
+                            None => continue,
                         }
                     }
                     None => break (DemotionReason::Shutdown, None),
@@ -1358,13 +1372,10 @@ impl<B: Backend> Engine<B> {
                     }
                     span_info(&office.span, &format!("a hand-over to {} was requested through the store", request.to));
                     let ask = Ask { to: request.to.clone(), window: request.window, done: None, request: Some(&request.id) };
-                    match Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await {
-                        Prepared::Ready(ready) => {
-                            transfer = Some(ready);
-                            break (DemotionReason::HandedOver, None);
-                        }
-                        Prepared::Refused => continue,
-                        Prepared::Lost(loss) => break (DemotionReason::from_lock(loss), Some(loss)),
+                    let prepared = Box::pin(self.prepare_hand_over(contender, &mut health, office, ask)).await;
+                    match prepared.ends_term(&mut transfer) {
+                        Some(end) => break end,
+                        None => continue,
                     }
                 }
                 changed = fence.changed() => if changed.is_err() {
