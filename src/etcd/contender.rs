@@ -628,7 +628,10 @@ impl Contender for EtcdContender {
         self.won = false;
         self.promoted = None;
         self.noticed = None;
-        if self.created.is_none() {
+        // A write sent whose answer never came (the acquire was cancelled, e.g. a campaign
+        // shut down as it began) may have made the key: delete it too, or it would stay in
+        // the line, held by nobody's campaign, for as long as the lease lives.
+        if self.created.is_none() && !self.wrote {
             return Ok(());
         }
         let backend = &self.backend;

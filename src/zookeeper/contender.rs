@@ -557,10 +557,26 @@ impl Contender for ZookeeperContender {
         self.won = false;
         self.promoted = false;
         self.noticed = None;
-        let Some(path) = self.node_path() else {
-            return Ok(());
-        };
         let client = self.zk.client()?;
+        let path = match self.node_path() {
+            Some(path) => path,
+            // A create was sent and its answer never came (the acquire was cancelled, e.g. a
+            // campaign shut down as it began): the node may exist, and nothing else would
+            // delete it before the session ends. The session's requests are answered in
+            // order, so the list sees it if the create made it.
+            None if self.sent_create => {
+                let queue = self.backend().read_queue(&client, &self.path).await?;
+                match queue.iter().find(|c| c.name.starts_with(&self.prefix)) {
+                    Some(left) => format!("{}/{}", self.path, left.name),
+                    None => {
+                        self.sent_create = false;
+                        return Ok(());
+                    }
+                }
+            }
+            None => return Ok(()),
+        };
+        self.sent_create = false;
         match self
             .backend()
             .request("deleting the candidate node", client.delete(&path, None))

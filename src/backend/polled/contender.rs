@@ -297,13 +297,31 @@ impl<S: Store> PolledContender<S> {
     }
 }
 
+/// How long a release after an uncertain acquisition waits before it reads the key a second
+/// time: long enough for a write sent just before to have been applied.
+const UNCERTAIN_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// How long after the store's expiry of a holder's lease a follower tries again: enough for
 /// the expiry to have passed on the store's clock too, never a hot loop.
 const EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl<S: Store> PolledContender<S> {
     /// [`acquire`](Contender::acquire), taking the key also while it holds `escrow`.
+    ///
+    /// From the first write until the outcome is known and kept (the key won and its token
+    /// settled, or seen held by another), the key may be ours without our knowing: an
+    /// error, or the future dropped (a campaign shut down as it began), leaves `uncertain`
+    /// set, and [`release`](Contender::release) then reads the key and frees it if it is ours.
     async fn acquire_or_take_over(&mut self, escrow: Option<Vec<u8>>) -> Result<Attempt> {
+        self.uncertain = true;
+        let attempt = self.try_acquire(escrow).await;
+        if attempt.is_ok() {
+            self.uncertain = false;
+        }
+        attempt
+    }
+
+    async fn try_acquire(&mut self, escrow: Option<Vec<u8>>) -> Result<Attempt> {
         // Changes from now on wake `wait`.
         if let Some(pushed) = &mut self.pushed {
             pushed.borrow_and_update();
@@ -349,10 +367,7 @@ impl<S: Store> PolledContender<S> {
             escrow: escrow.as_deref(),
         };
         let sent = Instant::now();
-        // Until the store answers, the key may be ours without our knowing (a lost answer).
-        self.uncertain = true;
         let acquired = store.acquire(claim).await?;
-        self.uncertain = false;
         let (token, went_back) = match acquired {
             Acquired::Won { token, went_back } => (token, went_back),
             Acquired::Held {
@@ -526,13 +541,23 @@ impl<S: Store> Contender for PolledContender<S> {
             if !std::mem::take(&mut self.uncertain) {
                 return Ok(());
             }
-            // An acquire's answer was lost: the key may be ours without our knowing.
-            match store.read(&self.key).await? {
-                Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
-                    store.release(&self.key, &value).await?;
-                    self.backend().released(&self.key, self.handle);
+            // An acquire's answer was lost, or the acquire was dropped with a write in
+            // flight: the key may be ours without our knowing. A write still on its way may
+            // land after a first read, so a read that finds nothing of ours is made once more
+            // after a pause. A write that lands later still holds the key only until its
+            // expiry, one ttl: nobody renews it.
+            for pass in 0..2 {
+                if pass == 1 {
+                    tokio::time::sleep(UNCERTAIN_RECHECK).await;
                 }
-                _ => {}
+                match store.read(&self.key).await? {
+                    Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
+                        store.release(&self.key, &value).await?;
+                        self.backend().released(&self.key, self.handle);
+                        return Ok(());
+                    }
+                    _ => {}
+                }
             }
             return Ok(());
         }

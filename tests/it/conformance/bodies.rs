@@ -946,3 +946,122 @@ pub async fn a_preferred_candidate_gets_the_lead<S: Store>() {
     );
     assert!(!second.is_cancelled());
 }
+
+/// A campaign shut down at any moment of its start, its first write maybe in flight, leaves
+/// nothing in the store: no key or node in the line, held by nobody's campaign while the
+/// process's session lives on (another election keeps it). Sharded elections start and stop
+/// campaigns at this pace when shards move.
+pub async fn a_campaign_stopped_as_it_begins_leaves_nothing_behind<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let backend = store.connect().await;
+    // Keeps the process's session alive, as the other shards of a member do.
+    let keeper = Election::builder(backend.clone(), "conformance/keeper")
+        .candidate("a")
+        .ttl(ttl)
+        .build()
+        .expect("valid")
+        .campaign();
+    for round in 0..40u64 {
+        let campaign = election(backend.clone(), "a", ttl).campaign();
+        // From no wait at all to a few milliseconds: the shutdown lands before, during and
+        // after the first write.
+        sleep(Duration::from_micros((round * 337) % 6_000)).await;
+        timeout(ttl * 2, campaign.shutdown())
+            .await
+            .expect("shut down in time")
+            .expect("shutdown");
+    }
+    let holder = holder_after_settling(&store, ttl / 2).await;
+    assert!(holder.is_none(), "left behind as holder: {holder:?}");
+    if let Some(line) = backend.participants(ELECTION).await.expect("list") {
+        assert!(line.is_empty(), "left in the line: {line:?}");
+    }
+    // And another process wins at once, long before the keeper's session could expire.
+    let mut b = election(store.connect().await, "b", ttl).campaign();
+    elected(&mut b, ttl / 2).await;
+    b.shutdown().await.expect("shutdown b");
+    keeper.shutdown().await.expect("shutdown keeper");
+}
+
+/// The contract under a cancelled `acquire`: whenever the future is dropped (before its first
+/// write, with a write in flight, after the answer), `release` leaves nothing in the store,
+/// and the next candidate wins at once. Each round polls `acquire` a few more times before
+/// dropping it, with the store's answers arriving in between.
+pub async fn a_release_after_a_cancelled_acquire_leaves_nothing<S: Store>() {
+    let (store, _server) = S::start().await;
+    let ttl = store.ttl();
+    let backend = store.connect().await;
+    let options = SessionOptions {
+        ttl,
+        renew_interval: ttl / 3,
+        lock_delay: None,
+        name: "cancelled".into(),
+    };
+    let session = backend.open_session(&options).await.expect("a session");
+    let candidate = Candidate {
+        id: "a".into(),
+        metadata: Default::default(),
+    };
+    for polls in 0..48 {
+        let mut contender = session
+            .contend(ELECTION, &candidate)
+            .await
+            .expect("contend");
+        {
+            let acquire = contender.acquire();
+            tokio::pin!(acquire);
+            for _ in 0..polls {
+                tokio::select! {
+                    biased;
+                    _ = &mut acquire => break,
+                    () = std::future::ready(()) => {}
+                }
+                // Let the store's answer (if any) come in on the runtime's other thread.
+                std::thread::sleep(Duration::from_micros(150));
+            }
+        }
+        timeout(ttl, contender.release())
+            .await
+            .expect("released in time")
+            .expect("release");
+        drop(contender);
+        let holder = holder_after_settling(&store, ttl / 2).await;
+        assert!(
+            holder.is_none(),
+            "after {polls} polls: left behind: {holder:?}"
+        );
+        if let Some(line) = backend.participants(ELECTION).await.expect("list") {
+            assert!(
+                line.is_empty(),
+                "after {polls} polls: left in the line: {line:?}"
+            );
+        }
+    }
+    session.close().await.expect("close");
+}
+
+/// The holder of [`ELECTION`] once it is nobody, or after `limit`. Nobody at once on most
+/// stores; the file backend takes its lock on a blocking thread that a dropped future does
+/// not stop, and lets go as soon as that thread is done. The session lives on in these
+/// tests: anything still there after `limit` would stay for as long as it does.
+async fn holder_after_settling<S: Store>(store: &S, limit: Duration) -> Option<Leader> {
+    let deadline = Instant::now() + limit;
+    let mut holder = store_holder(store).await;
+    while holder.is_some() && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+        holder = store_holder(store).await;
+    }
+    holder
+}
+
+/// The holder of [`ELECTION`], read once through a new observer.
+async fn store_holder<S: Store>(store: &S) -> Option<Leader> {
+    let mut observer = store
+        .connect()
+        .await
+        .observe(ELECTION)
+        .await
+        .expect("observe");
+    observer.next().await.expect("read")
+}
