@@ -275,6 +275,23 @@ impl<B: Backend> Election<B> {
         }
     }
 
+    /// This election's settings and callbacks under another name: a shard of a group.
+    pub(crate) fn renamed(&self, name: String) -> Election<B> {
+        let mut config = (*self.config).clone();
+        config.name = name;
+        Election {
+            backend: self.backend.clone(),
+            config: Arc::new(config),
+            callbacks: self.callbacks.clone(),
+            on_worker_exit: self.on_worker_exit,
+        }
+    }
+
+    /// What the worker's runner does when the worker returns.
+    pub(crate) fn on_worker_exit(&self) -> OnWorkerExit {
+        self.on_worker_exit
+    }
+
     /// The validated settings.
     pub fn config(&self) -> &Config {
         &self.config

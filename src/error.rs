@@ -37,6 +37,12 @@ pub enum Error {
         /// Which setting is wrong, its value, and the allowed range.
         reason: String,
     },
+    /// A sharded election's settings are out of range, or its group has no member slot left.
+    #[error("invalid sharded election: {reason}")]
+    InvalidSharding {
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// A backend's configuration (endpoint, URL, TLS material, directory) is unusable.
     #[error("invalid {backend} configuration: {reason}")]
     InvalidConfig {

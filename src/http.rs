@@ -115,6 +115,7 @@ use crate::CampaignHandle;
 use crate::backend::Wakeup;
 use crate::event::{DemotionReason, Role, Status};
 use crate::secret::Secret;
+use crate::sharded::ShardStatus;
 use crate::switchover::HandOverError;
 
 /// How long past its renew deadline a campaign may go on saying it leads before `/healthz`
@@ -131,6 +132,7 @@ pub struct Health {
     elections: Vec<watch::Receiver<Status>>,
     stuck_after: Duration,
     switchover: Vec<CampaignHandle>,
+    shards: Vec<watch::Receiver<ShardStatus>>,
     /// The bearer token `POST /switchover` requires.
     token: Option<Secret>,
 }
@@ -166,8 +168,20 @@ impl Health {
             elections: Vec::new(),
             stuck_after: DEFAULT_STUCK_AFTER,
             switchover: Vec::new(),
+            shards: Vec::new(),
             token: None,
         }
+    }
+
+    /// Adds a sharded group, by its [`ShardedRunner::status`](crate::ShardedRunner::status)
+    /// receiver, served at `GET /shards`: for each group, the members this process sees, the
+    /// shards the map gives it (`assigned`) and the shards it leads (`owned`, read from each
+    /// shard's term at the request, so a shard whose term has ended is not listed), and a
+    /// `problem` if any. Every shard is an election too: add a shard's campaign with
+    /// [`election`](Self::election) to see it in `/leader`.
+    pub fn sharded(mut self, status: watch::Receiver<ShardStatus>) -> Self {
+        self.shards.push(status);
+        self
     }
 
     /// Adds a campaign, by its [`status`](crate::CampaignHandle::status) receiver. It is
@@ -205,14 +219,18 @@ impl Health {
         self
     }
 
-    /// The router serving `GET /healthz`, `GET /readyz` and `GET /leader` (and `HEAD`), and
-    /// `POST /switchover` when [`switchover`](Self::switchover) was called.
+    /// The router serving `GET /healthz`, `GET /readyz` and `GET /leader` (and `HEAD`),
+    /// `POST /switchover` when [`switchover`](Self::switchover) was called, and `GET /shards`
+    /// when [`sharded`](Self::sharded) was.
     pub fn router(self) -> Router {
         let guarded = !self.switchover.is_empty();
-        let router = Router::new()
+        let mut router = Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
             .route("/leader", get(leader));
+        if !self.shards.is_empty() {
+            router = router.route("/shards", get(shards));
+        }
         let router = match guarded {
             true => router.route("/switchover", axum::routing::post(switchover)),
             false => router,
@@ -328,6 +346,53 @@ async fn leader(State(health): State<Arc<Health>>, RawQuery(query): RawQuery) ->
         .map(|s| LeaderReport::new(s, &clock, health.diagnose(s, clock.instant).is_none()))
         .collect();
     json(StatusCode::OK, &LeaderBody { elections })
+}
+
+/// `GET /shards`: one entry per sharded group.
+async fn shards(State(health): State<Arc<Health>>) -> Response {
+    #[derive(Serialize)]
+    struct Member {
+        id: String,
+        weight: u32,
+        claimed: usize,
+    }
+    #[derive(Serialize)]
+    struct Group {
+        group: String,
+        shards: u32,
+        candidate: String,
+        registered: bool,
+        members: Vec<Member>,
+        assigned: Vec<u32>,
+        owned: Vec<u32>,
+        problem: Option<String>,
+    }
+    let groups: Vec<Group> = health
+        .shards
+        .iter()
+        .map(|status| {
+            let s = status.borrow().clone();
+            Group {
+                owned: s.owned().into_iter().collect(),
+                group: s.group,
+                shards: s.shards,
+                candidate: s.candidate,
+                registered: s.registered,
+                members: s
+                    .members
+                    .iter()
+                    .map(|m| Member {
+                        id: m.id.clone(),
+                        weight: m.weight,
+                        claimed: m.claims.len(),
+                    })
+                    .collect(),
+                assigned: s.assigned.into_iter().collect(),
+                problem: s.problem,
+            }
+        })
+        .collect();
+    json(StatusCode::OK, &serde_json::json!({ "groups": groups }))
 }
 
 fn verdict(ok: bool) -> StatusCode {

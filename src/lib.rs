@@ -204,6 +204,38 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # One owner per shard, spread across processes
+//!
+//! When the work outgrows one singleton, split it into shards (partitions of a queue,
+//! tenants, index segments) and let a [`ShardedElection`] spread them over the processes
+//! that run it: each member registers in the store, every member computes the same balanced
+//! map from what the members claim (each within one of `S / N`; a join or leave moves at most
+//! `⌈S / N⌉` shards), and each shard it gets is a full term of its own election
+//! (`<group>/<k>`), with its own fencing token and hard stop, on the process's one session.
+//! A shard that moves is released only after its worker stopped; the new owner takes it at
+//! the release, or at the expiry if the old owner died. The details are in [`sharded`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+//! use incumbent::{ShardedElection, ShardEvent, memory::MemoryBackend};
+//!
+//! let backend = MemoryBackend::new();
+//! let partitions = ShardedElection::builder(backend, "queue/partitions", 16)
+//!     .candidate("host-a")
+//!     .build()?;
+//! let runner = partitions.start(|shard, term| async move {
+//!     // Consume partition `shard`, writing with `term.fencing_token()`, until it moves.
+//!     term.cancelled().await;
+//! });
+//! let mut events = runner.subscribe();
+//! if let Some(ShardEvent::Elected { shard, term }) = events.recv().await {
+//!     println!("shard {shard} is mine, token {}", term.fencing_token());
+//! }
+//! // For a health endpoint: `incumbent::http::Health::new().sharded(runner.status())`.
+//! runner.shutdown().await?; // every shard's worker stops, then its lock is released
+//! # Ok(()) }
+//! ```
+//!
 //! # Promises
 //!
 //! 1. At most one trusted leader: the term is cancelled before the store can grant the lock
@@ -271,6 +303,7 @@ mod queue;
 pub mod redis;
 mod runner;
 mod secret;
+pub mod sharded;
 pub mod switchover;
 mod term;
 pub mod time;
@@ -283,6 +316,7 @@ pub use election::{Election, ElectionBuilder};
 pub use error::{Error, Result};
 pub use event::{Demotion, DemotionReason, LeadershipEvent, Problem, Role, Status};
 pub use runner::{OnWorkerExit, Runner, WorkerOutcome};
+pub use sharded::{ShardEvent, ShardStatus, ShardedElection, ShardedRunner};
 pub use switchover::{HandOverError, HandedOver};
 pub use term::{Gap, Term, TermGuard};
 #[cfg(feature = "consul")]

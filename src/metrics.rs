@@ -10,6 +10,8 @@
 //! | `incumbent_elections_won_total` | counter | `election` | terms won |
 //! | `incumbent_demotions_total` | counter | `election`, `reason` | terms lost, by [`DemotionReason::as_str`](crate::DemotionReason::as_str) |
 //! | `incumbent_hand_overs_total` | counter | `election`, `outcome` | hand-overs made as leader: `done`, `lapsed`, `refused` ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)); the term's end counts in `incumbent_demotions_total` as `reason="handed_over"`, not as a loss |
+//! | `incumbent_shards_owned` | gauge | `group` | shards of a [sharded election](crate::sharded) this process leads, as its shard events say |
+//! | `incumbent_shard_members` | gauge | `group` | members of a sharded election that this process sees |
 //! | `incumbent_campaign_attempts_total` | counter | `election`, `result` | acquisition attempts: `won`, `held`, `delayed`, `error` |
 //! | `incumbent_renewals_total` | counter | `backend`, `session`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
 //! | `incumbent_renew_latency_seconds` | histogram | `backend`, `session` | time for one session renewal round trip |
@@ -90,12 +92,28 @@ pub const TIME_TO_LEADER: &str = "incumbent_time_to_leader_seconds";
 /// time without a leader, at least ([`Gap::lock_free`](crate::Gap::lock_free)).
 pub const LOCK_FREE_TO_LEADER: &str = "incumbent_lock_free_to_leader_seconds";
 
+/// Gauge: the shards of a sharded election this process leads. Each shard is an election
+/// too (`<group>/<k>`), with its own `incumbent_is_leader`.
+pub const SHARDS_OWNED: &str = "incumbent_shards_owned";
+/// Gauge: the members of a sharded election this process sees.
+pub const SHARD_MEMBERS: &str = "incumbent_shard_members";
+
+pub(crate) fn shards_owned(group: &str, owned: usize) {
+    metrics::gauge!(SHARDS_OWNED, "group" => group.to_owned()).set(owned as f64);
+}
+
+pub(crate) fn shard_members(group: &str, members: usize) {
+    metrics::gauge!(SHARD_MEMBERS, "group" => group.to_owned()).set(members as f64);
+}
+
 /// Every metric name this crate records, for tools that check dashboards and alert rules.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 11] = [
     IS_LEADER,
     ELECTIONS_WON,
     DEMOTIONS,
     HAND_OVERS,
+    SHARDS_OWNED,
+    SHARD_MEMBERS,
     CAMPAIGN_ATTEMPTS,
     RENEWALS,
     RENEW_LATENCY,

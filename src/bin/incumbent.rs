@@ -6,6 +6,7 @@
 //!                   [--fail-after DUR] [--pass-credentials] -- CMD [ARG]…
 //! incumbent status  [--backend URL] --election NAME [--json] [--timeout DUR]
 //! incumbent observe [--backend URL] --election NAME [--json] [--fail-after DUR]
+//!                    [--shards N [--max-members M]]
 //! incumbent resign  [--backend URL] --election NAME [--timeout DUR] [--yield DUR]
 //! incumbent switchover [--backend URL] --election NAME --to ID [--window DUR] [--timeout DUR]
 //! global options:   [--log-format text|json] [--quiet]
@@ -435,6 +436,15 @@ struct ObserveArgs {
     /// [default: keep trying].
     #[arg(long, value_name = "DUR", value_parser = duration::parse)]
     fail_after: Option<Duration>,
+    /// The election is a sharded group of N shards (`ShardedElection`): show its map, the
+    /// members and the shards each holds, at the start and at each change (read again every
+    /// second).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    shards: Option<u32>,
+    /// The group's number of member slots (its `max_members`), with --shards.
+    #[arg(long, value_name = "M", default_value_t = 32, requires = "shards",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    max_members: u32,
 }
 
 #[derive(Debug, Args)]
@@ -706,6 +716,18 @@ async fn dispatch(command: Command, out: Reporter) -> Result<u8, Failure> {
                 fail_after: args.fail_after,
                 option: "--fail-after",
             };
+            if let Some(shards) = args.shards {
+                let observe = inspect::ObserveShards {
+                    group: election,
+                    shards,
+                    slots: args.max_members,
+                    json: args.json,
+                    patience,
+                    began,
+                    out: out.clone(),
+                };
+                return connect(&url, &observe, patience, began, &out).await?;
+            }
             let observe = inspect::Observe {
                 election,
                 json: args.json,

@@ -22,6 +22,7 @@ pub(super) struct Statements {
     replace: String,
     release: String,
     read: String,
+    read_expiring: String,
     counter: String,
     pub(super) guard: String,
 }
@@ -111,6 +112,13 @@ impl Statements {
             // $1 key: the holder, while its lease runs.
             read: format!(
                 "SELECT holder FROM {table} \
+                  WHERE election = $1 AND holder IS NOT NULL AND expires_at > clock_timestamp()"
+            ),
+            // $1 key: the holder, while its lease runs, and the milliseconds it runs yet.
+            read_expiring: format!(
+                "SELECT holder, \
+                        (extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8 \
+                   FROM {table} \
                   WHERE election = $1 AND holder IS NOT NULL AND expires_at > clock_timestamp()"
             ),
             // $1 key: the last token handed out.
@@ -298,6 +306,22 @@ impl Store for PostgresStore {
             .await?;
         match rows.first() {
             Some(row) => Ok(Some(column::<String>(row, 0)?.into_bytes())),
+            None => Ok(None),
+        }
+    }
+
+    async fn read_expiring(&self, key: &str) -> Result<Option<(Vec<u8>, Option<Duration>)>> {
+        let rows = self
+            .conn
+            .query(&self.statements.read_expiring, &[(&key, Type::TEXT)])
+            .await?;
+        match rows.first() {
+            Some(row) => {
+                let holder = column::<String>(row, 0)?.into_bytes();
+                let left: Option<i64> = column(row, 1)?;
+                let left = left.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+                Ok(Some((holder, left)))
+            }
             None => Ok(None),
         }
     }

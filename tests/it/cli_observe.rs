@@ -259,3 +259,88 @@ fn observe_prints_when_the_new_leaders_term_began_on_zookeeper() {
     since_after_a_hand_off_is_when_the_term_began(&format!("zk://{}", zookeeper.client_addr()));
     drop(zookeeper);
 }
+
+/// `observe --shards --json` shows a sharded group's map: each member, the shards it holds
+/// (every shard held once), and none left unheld.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_shards_shows_the_map_of_a_sharded_group() {
+    use incumbent::ShardedElection;
+    use incumbent::etcd::EtcdBackend;
+
+    let server = EtcdServer::single().await;
+    let url = format!("etcd://{}", server.client_addr());
+    let mut runners = Vec::new();
+    for id in ["a", "b"] {
+        let backend = EtcdBackend::connect(server.endpoints())
+            .await
+            .expect("connect");
+        let group = ShardedElection::builder(backend, "jobs/sharded", 8)
+            .candidate(id)
+            .ttl(Duration::from_secs(2))
+            .max_members(4)
+            .build()
+            .expect("valid");
+        runners.push(group.start(|_, term| async move { term.cancelled().await }));
+    }
+    for runner in &runners {
+        let mut status = runner.status();
+        tokio::time::timeout(LIMIT, status.wait_for(|s| s.owned().len() == 4))
+            .await
+            .expect("four shards each")
+            .expect("running");
+    }
+    let output = tokio::process::Command::new(BIN)
+        .args(["observe", "--backend", &url, "--election", "jobs/sharded"])
+        .args(["--shards", "8", "--max-members", "4", "--json"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start observe");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+        output.stdout.expect("stdout"),
+    ));
+    let line = tokio::time::timeout(LIMIT, lines.next_line())
+        .await
+        .expect("a map in time")
+        .expect("read")
+        .expect("a line");
+    let map: Value = serde_json::from_str(&line).expect("JSON");
+    assert_eq!(map["group"], "jobs/sharded");
+    assert_eq!(map["shards"], 8);
+    assert_eq!(map["unheld"], serde_json::json!([]));
+    let members = map["members"].as_array().expect("members");
+    let ids: Vec<&str> = members.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "{line}");
+    let mut held: Vec<u64> = members
+        .iter()
+        .flat_map(|m| {
+            m["held"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_u64().unwrap())
+        })
+        .collect();
+    held.sort_unstable();
+    assert_eq!(held, (0..8).collect::<Vec<u64>>(), "{line}");
+    for runner in runners {
+        runner.shutdown().await.expect("shutdown");
+    }
+
+    // A shard count out of range is refused before anything is read.
+    let refused = Command::new(BIN)
+        .args([
+            "observe",
+            "--backend",
+            &url,
+            "--election",
+            "jobs/sharded",
+            "--shards",
+            "0",
+        ])
+        .output()
+        .expect("run observe");
+    assert_eq!(refused.status.code(), Some(2));
+}

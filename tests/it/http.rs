@@ -447,3 +447,61 @@ async fn switchover_is_guarded_refuses_a_candidate_that_is_not_live_and_hands_ov
     assert!(!a.status().borrow().is_leader());
     assert!(!format!("{:?}", Health::new().switchover(b.handle(), "s3cret")).contains("s3cret"));
 }
+
+/// `GET /shards` lists the shards this process owns and the members it sees, and stops
+/// listing a shard the instant its term ends; the shard gauges are scraped too.
+#[tokio::test]
+async fn shards_lists_the_shards_owned_and_the_metrics_count_them() {
+    let handle = prometheus().clone();
+    let store = MemoryBackend::new();
+    let group = incumbent::ShardedElection::builder(store.clone(), "jobs/http-shards", 4)
+        .candidate("s-a")
+        .ttl(Duration::from_secs(2))
+        .build()
+        .expect("valid");
+    let runner = group.start(|_, term| async move { term.cancelled().await });
+    let mut status = runner.status();
+    timeout(LIMIT, status.wait_for(|s| s.owned().len() == 4))
+        .await
+        .expect("all four shards")
+        .expect("running");
+    let app = Health::new().sharded(runner.status()).router().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(handle.render())),
+    );
+    let server = Server::start(app).await;
+    let reply = server.get("/shards").await;
+    assert_eq!(reply.status, 200);
+    let g = &reply.json["groups"][0];
+    assert_eq!(g["group"], "jobs/http-shards");
+    assert_eq!(
+        g["owned"],
+        serde_json::json!([0, 1, 2, 3]),
+        "{}",
+        reply.json
+    );
+    assert_eq!(g["members"][0]["id"], "s-a");
+    assert_eq!(g["registered"], true);
+
+    let (_, body) = server.text("/metrics").await;
+    let owned = body
+        .lines()
+        .find(|l| l.starts_with("incumbent_shards_owned{") && l.contains("jobs/http-shards"))
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(owned.ends_with(" 4"), "{owned}");
+
+    // A cut-off store: each shard's term ends by its renew deadline, and /shards says so.
+    store.set_reachability(Reachability::Hanging);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let reply = server.get("/shards").await;
+        if reply.json["groups"][0]["owned"] == serde_json::json!([]) {
+            assert!(status.borrow().owned().is_empty());
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", reply.json);
+        sleep(Duration::from_millis(25)).await;
+    }
+    store.set_reachability(Reachability::Reachable);
+    runner.shutdown().await.expect("shutdown");
+}

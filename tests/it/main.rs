@@ -58,6 +58,7 @@ mod postgres;
 mod redis;
 #[cfg(all(feature = "etcd", feature = "consul"))]
 mod renewal;
+mod sharded;
 mod state_machine;
 mod yielding;
 #[cfg(feature = "zookeeper")]

@@ -654,7 +654,17 @@ impl<S: Store> PolledObserver<S> {
         }
         self.local.borrow_and_update();
         self.reads.borrow_and_update();
-        self.backend.store().read(&self.key).await
+        let Some((value, left)) = self.backend.store().read_expiring(&self.key).await? else {
+            return Ok(None);
+        };
+        if let Some(left) = left {
+            // Read again right after the holder's lease runs out, if that comes before the
+            // next poll: a holder that died is seen gone at its expiry.
+            let due = Instant::now() + left + EXPIRY_MARGIN;
+            let poll = self.poll_at.unwrap_or_else(|| self.backend.next_poll());
+            self.poll_at = Some(poll.min(due));
+        }
+        Ok(Some(value))
     }
 }
 

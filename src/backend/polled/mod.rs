@@ -223,6 +223,17 @@ pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
     /// The value of `key`, `None` while it is absent.
     fn read(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
 
+    /// The value of `key` and how long its lease runs yet, where the store tells it in the
+    /// same read (PostgreSQL); `None` for the time where it does not (the default). An
+    /// observer reads again right after that time: a holder that dies is seen gone at its
+    /// expiry, not at the next poll, on a store that pushes no expiry.
+    fn read_expiring(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<(Vec<u8>, Option<Duration>)>>> + Send {
+        async move { Ok(self.read(key).await?.map(|value| (value, None))) }
+    }
+
     /// The value of a fencing counter, `None` while it is absent.
     fn counter(&self, counter: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
 

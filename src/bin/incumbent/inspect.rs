@@ -839,3 +839,186 @@ mod tests {
         assert_eq!(smuggled.subcommand.as_deref(), Some("observe"));
     }
 }
+
+/// `incumbent observe --shards N`: a sharded group's map, printed at the start and at each
+/// change (read again every [`SHARD_MAP_EVERY`]).
+#[derive(Clone)]
+pub struct ObserveShards {
+    pub group: String,
+    pub shards: u32,
+    pub slots: u32,
+    pub json: bool,
+    /// `--fail-after`.
+    pub patience: Patience,
+    pub began: Instant,
+    pub out: Reporter,
+}
+
+/// What `observe --shards` compares to tell a change: each member's claims, each shard's
+/// holder.
+type MapKey = (Vec<(String, Vec<u32>)>, Vec<Option<String>>);
+
+/// How often `observe --shards` reads the map again: a map is many keys, read one by one.
+pub const SHARD_MAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Shards as ranges: `0-3,7,9-10`.
+fn ranges(shards: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < shards.len() {
+        let mut j = i;
+        while j + 1 < shards.len() && shards[j + 1] == shards[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            shards[i].to_string()
+        } else {
+            format!("{}-{}", shards[i], shards[j])
+        });
+        i = j + 1;
+    }
+    if out.is_empty() {
+        "none".into()
+    } else {
+        out.join(",")
+    }
+}
+
+impl ObserveShards {
+    fn show(&self, map: &incumbent::sharded::ShardMap) -> bool {
+        let now = rfc3339(SystemTime::now());
+        let held_by = |id: &str| -> Vec<u32> {
+            (0..self.shards)
+                .filter(|&k| {
+                    map.holders[k as usize]
+                        .as_ref()
+                        .is_some_and(|h| h.candidate.id == id)
+                })
+                .collect()
+        };
+        let unheld: Vec<u32> = (0..self.shards)
+            .filter(|&k| map.holders[k as usize].is_none())
+            .collect();
+        let others: Vec<u32> = (0..self.shards)
+            .filter(|&k| {
+                map.holders[k as usize]
+                    .as_ref()
+                    .is_some_and(|h| !map.members.iter().any(|m| m.id == h.candidate.id))
+            })
+            .collect();
+        if self.json {
+            let members: Vec<_> = map
+                .members
+                .iter()
+                .map(|m| {
+                    json!({
+                        "id": m.id,
+                        "weight": m.weight,
+                        "metadata": m.metadata,
+                        "held": held_by(&m.id),
+                        "claimed": m.claims,
+                    })
+                })
+                .collect();
+            let line = json!({
+                "time": now,
+                "group": self.group,
+                "shards": self.shards,
+                "members": members,
+                "unheld": unheld,
+                "held_by_non_members": others,
+            });
+            return print(&line.to_string());
+        }
+        let mut text = format!(
+            "{now} {}: {} shards, {} members",
+            self.group,
+            self.shards,
+            map.members.len()
+        );
+        for m in &map.members {
+            let held = held_by(&m.id);
+            text.push_str(&format!(
+                "\n  {} (weight {}): holds {} [{}], claims {}",
+                m.id,
+                m.weight,
+                held.len(),
+                ranges(&held),
+                m.claims.len()
+            ));
+        }
+        text.push_str(&format!("\n  nobody holds: {}", ranges(&unheld)));
+        if !others.is_empty() {
+            text.push_str(&format!(
+                "\n  held by processes that are not members: {}",
+                ranges(&others)
+            ));
+        }
+        print(&text)
+    }
+}
+
+impl WithBackend for ObserveShards {
+    type Output = Result<u8, Failure>;
+
+    async fn call<B: Backend>(self, backend: B) -> Self::Output {
+        let mut interrupt = signal(SignalKind::interrupt())
+            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
+        let mut terminate = signal(SignalKind::terminate())
+            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
+        let out = self.out.for_election(&self.group);
+        let follow = async {
+            let mut shown: Option<MapKey> = None;
+            let mut failing_since = Some(self.began);
+            loop {
+                match incumbent::sharded::read_map(&backend, &self.group, self.shards, self.slots)
+                    .await
+                {
+                    Ok(map) => {
+                        failing_since = None;
+                        let key = (
+                            map.members
+                                .iter()
+                                .map(|m| (m.id.clone(), m.claims.iter().copied().collect()))
+                                .collect(),
+                            map.holders
+                                .iter()
+                                .map(|h| h.as_ref().map(|h| h.candidate.id.clone()))
+                                .collect(),
+                        );
+                        if shown.as_ref() != Some(&key) {
+                            if !self.show(&map) {
+                                return Ok::<(), Failure>(());
+                            }
+                            shown = Some(key);
+                        }
+                    }
+                    Err(e) => {
+                        if !retry::is_transient(&e) {
+                            return Err(Failure::from(e));
+                        }
+                        let since = *failing_since.get_or_insert_with(Instant::now);
+                        let message = retry::describe(&e);
+                        if let Some(limit) = self.patience.fail_after
+                            && since.elapsed() >= limit
+                        {
+                            return Err(self.patience.gave_up(since.elapsed(), &message));
+                        }
+                        out.warn(
+                            "retrying",
+                            &format!("{message}; retrying in {}", human(SHARD_MAP_EVERY)),
+                            json!({ "error": message, "retry_in_ms": millis(SHARD_MAP_EVERY) }),
+                        );
+                    }
+                }
+                sleep(SHARD_MAP_EVERY).await;
+            }
+        };
+        tokio::select! {
+            result = follow => result?,
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        Ok(0)
+    }
+}

@@ -24,6 +24,13 @@
 //! a kept history again. Servers (etcd, consul, ZooKeeper, Redis, memcached) are started on free loopback ports in temp
 //! dirs: install them with `scripts/install-test-deps`. Exit code 1 on any violation.
 //!
+//! `chaos sharded [--backend etcd,zookeeper,…] [--shards 64] [--rounds R] [--keep DIR]` is the
+//! sharded mode (`incumbent_tools::chaos::sharded`): member processes of one sharded
+//! election (this program again, as `chaos shard-member …`) go 3 → 4 (a join) → 3 (kill -9)
+//! → 2 (SIGSTOP past the ttl) → 3 (resumed); at each step the map read from the store must
+//! be balanced after at most ⌈S/N⌉ moves, and every shard's ledger must show no two trusted
+//! terms at once and tokens that only grow. Default: etcd and ZooKeeper.
+//!
 //! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`; in
 //! library mode each candidate is this program, as `chaos candidate URL ID TTL_MS LEDGER_DIR
 //! FENCE_DIR`.
@@ -33,7 +40,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use incumbent_tools::chaos::run::{self, Backend, Config, Fault};
-use incumbent_tools::chaos::{candidate, check, worker};
+use incumbent_tools::chaos::{candidate, check, sharded, worker};
 
 const USAGE: &str = "usage: chaos \
 [--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,memcached,\
@@ -41,7 +48,8 @@ zookeeper-ensemble,redis-failover,postgres,postgres-pooled] \
 [--mode cli|library|in-process] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \
-| chaos check DIR";
+| chaos check DIR \
+| chaos sharded [--backend etcd,zookeeper,postgres,consul,redis,memcached] [--shards N] [--rounds R] [--keep DIR]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,6 +64,11 @@ fn main() -> ExitCode {
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Some("check") if args.len() == 2 => recheck(Path::new(&args[1])),
+        Some("shard-member") => {
+            let code = sharded::member(&args[1..]);
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+        Some("sharded") => sharded_mode(&args[1..]),
         Some("--help" | "-h") => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -242,5 +255,87 @@ fn recheck(dir: &Path) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+/// `chaos sharded`: the sharded scenario ([`sharded::scenario`]) on each store named.
+fn sharded_mode(args: &[String]) -> ExitCode {
+    let mut stores = vec!["etcd".to_owned(), "zookeeper".to_owned()];
+    let mut shards = 64u32;
+    let mut keep: Option<PathBuf> = None;
+    let mut rounds = 1u32;
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next();
+        match (flag.as_str(), value) {
+            ("--backend", Some(v)) => stores = v.split(',').map(str::to_owned).collect(),
+            ("--shards", Some(v)) if v.parse::<u32>().is_ok() => shards = v.parse().unwrap_or(64),
+            ("--keep", Some(v)) => keep = Some(PathBuf::from(v)),
+            ("--rounds", Some(v)) if v.parse::<u32>().is_ok() => rounds = v.parse().unwrap_or(1),
+            _ => {
+                eprintln!("chaos sharded: unknown or incomplete option {flag}\n{USAGE}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if std::env::var_os("PGUSER").is_none() {
+        // SAFETY: no other thread runs yet (the runtime starts below). The harness's
+        // PostgreSQL trusts this user on loopback; the members get it in their environment.
+        unsafe { std::env::set_var("PGUSER", incumbent_tools::support::postgres::USER) };
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("start the async runtime");
+    let Ok(this) = std::env::current_exe() else {
+        eprintln!("chaos sharded: where am I?");
+        return ExitCode::from(2);
+    };
+    let mut failed = false;
+    for (store, round) in stores
+        .iter()
+        .flat_map(|s| (1..=rounds).map(move |r| (s, r)))
+    {
+        let dir = match &keep {
+            Some(keep) => keep.join(format!("{store}-{round}")),
+            None => std::env::temp_dir().join(format!(
+                "chaos-sharded-{}-{store}-{round}",
+                std::process::id()
+            )),
+        };
+        let outcome = runtime.block_on(async {
+            let started = sharded::start_store(store).await?;
+            sharded::scenario(&this, &started.url, shards, sharded::ttl_for(store), &dir).await
+        });
+        match outcome {
+            Ok(report) => {
+                for step in &report.steps {
+                    println!("{store} #{round}: {step}");
+                }
+                println!(
+                    "{store} #{round}: {} terms, {} stale writes refused, {} violation(s)",
+                    report.terms,
+                    report.refused,
+                    report.violations.len()
+                );
+                for v in &report.violations {
+                    println!("{store}: VIOLATION {v}");
+                }
+                failed |= !report.violations.is_empty();
+            }
+            Err(e) => {
+                println!("{store}: FAILED {e}");
+                failed = true;
+            }
+        }
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }

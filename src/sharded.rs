@@ -1,0 +1,1239 @@
+//! Sharded elections: one leader per shard, the shards spread across the live processes.
+//!
+//! A [`ShardedElection`] splits a job into `S` shards (partitions of a queue, tenants, index
+//! segments), each an election of its own named `<group>/<k>`, and spreads them across the
+//! processes that run it. Each process:
+//!
+//! 1. **registers as a member** in the store: it holds one of the group's member slots
+//!    (`<group>/.members/<i>`, an ordinary lock on its session), whose value carries its
+//!    identity, weight and the shards it claims. It follows every slot with the store's
+//!    observer (a watch where the store has one), so it sees members come and go.
+//! 2. **computes the same map as everyone else** from what the slots say, with [`assign`]:
+//!    each member's quota is its share of `S` by weight (`⌊S/N⌋` or `⌈S/N⌉` with equal
+//!    weights); a member keeps the shards it already claims up to its quota, and the shards
+//!    left over go, in shard order, to the member that ranks highest by rendezvous hashing
+//!    among those below their quota. So a join moves only the shards the newcomer gets, and a
+//!    leave only the leaver's shards: at most `⌈S/N⌉` moves per change, with `N` the smaller
+//!    member count. The map is a fixed point: once every member claims its part, nothing moves.
+//! 3. **campaigns for exactly its part**, one full campaign per shard (its own term, fencing
+//!    token and [`stop_by`](crate::Term::stop_by)), all on the process's one session, so
+//!    renewals stay one per process whatever the number of shards. A shard that moves away is
+//!    shut down as a [`Runner`] is: its worker is cancelled and awaited (at most the grace),
+//!    and only then is its lock released; the new owner, already waiting in the store's line,
+//!    takes it at the release (or at the expiry, if the old owner died).
+//!
+//! Safety does not rest on the map: two members that see different maps both campaign for a
+//! shard, and the shard's lock lets one of them lead. A shard never has two trusted owners;
+//! its tokens strictly grow, as every election's do.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> incumbent::Result<()> {
+//! use std::time::Duration;
+//! use incumbent::{ShardedElection, memory::MemoryBackend};
+//!
+//! let backend = MemoryBackend::new();
+//! let jobs = ShardedElection::builder(backend, "jobs", 8)
+//!     .candidate("host-a")
+//!     .ttl(Duration::from_secs(2))
+//!     .build()?;
+//! let shards = jobs.start(|shard, term| async move {
+//!     println!("shard {shard}: leading with token {}", term.fencing_token());
+//!     term.cancelled().await; // work on the shard until it moves or is lost
+//! });
+//! let mut status = shards.status();
+//! // Alone, this process owns every shard.
+//! status.wait_for(|s| s.owned().len() == 8).await.expect("the shards run");
+//! shards.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! What the map does *not* promise: balance while members disagree (for a moment after a
+//! change, before each has read the others' claims), and a particular owner for a shard. A
+//! member sees a dead member leave when the store expires its slot: one ttl after its last
+//! renewal.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::{Instant, sleep_until};
+
+use crate::backend::{
+    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionHealth, lock,
+    unix_ms_now,
+};
+use crate::backoff::Backoff;
+use crate::campaign::Events;
+use crate::config::{Config, validate_name};
+use crate::election::{Election, ElectionBuilder};
+use crate::event::{DemotionReason, LeadershipEvent};
+use crate::queue::{QueueReceiver, QueueSender, queue};
+use crate::runner::{self, OnWorkerExit, Runner, WorkerOutcome};
+use crate::term::Term;
+use crate::{Error, FencingToken, Result};
+
+/// The most shards a group may have.
+pub const MAX_SHARDS: u32 = 65_536;
+/// Default number of member slots: the most processes a group can spread over (raise it with
+/// [`ShardedBuilder::max_members`]). Each process follows every slot, so keep it near the
+/// number of processes you run.
+pub const DEFAULT_MAX_MEMBERS: u32 = 32;
+/// The most member slots a group may have.
+pub const MAX_MEMBERS: u32 = 1_024;
+/// The largest weight a member may have; a larger one read from the store counts as this.
+pub const MAX_WEIGHT: u32 = 1_000;
+
+/// Metadata key of a member's weight.
+pub const WEIGHT_KEY: &str = "incumbent.weight";
+/// Metadata key of the shards a member claims: a bitmap in hex, shard `k` at bit `k % 8` of
+/// byte `k / 8`.
+pub const CLAIMS_KEY: &str = "incumbent.shards";
+/// Metadata key of the number of shards the member was built with: members built with a
+/// different number are left out of the map (and the status says so).
+pub const SHARD_COUNT_KEY: &str = "incumbent.shard_count";
+
+/// The election name of shard `shard` of `group`.
+pub fn shard_name(group: &str, shard: u32) -> String {
+    format!("{group}/{shard}")
+}
+
+/// The name of member slot `slot` of `group`.
+pub fn slot_name(group: &str, slot: u32) -> String {
+    format!("{group}/.members/{slot}")
+}
+
+/// A member of a sharded group, as its slot in the store says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardMember {
+    /// The member's candidate id.
+    pub id: String,
+    /// Its weight: its share of the shards is `weight / total weight`.
+    pub weight: u32,
+    /// The shards it claims (its part of the map as it last computed it).
+    pub claims: BTreeSet<u32>,
+    /// The member's metadata, without the keys this crate writes.
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ShardMember {
+    /// Reads a member from its slot's value. Nothing in it is trusted: a weight outside
+    /// `1..=MAX_WEIGHT` counts as the nearest bound (an unreadable one as 1), claims of
+    /// shards `>= shards` are dropped, and unreadable claims count as none. `None` when the
+    /// member says it was built with another number of shards.
+    pub fn from_leader(leader: &Leader, shards: u32) -> Option<ShardMember> {
+        let meta = &leader.candidate.metadata;
+        if let Some(count) = meta.get(SHARD_COUNT_KEY)
+            && count.parse::<u32>().ok() != Some(shards)
+        {
+            return None;
+        }
+        let weight = meta
+            .get(WEIGHT_KEY)
+            .and_then(|w| w.parse::<u64>().ok())
+            .map_or(1, |w| w.clamp(1, u64::from(MAX_WEIGHT)) as u32);
+        let claims = meta
+            .get(CLAIMS_KEY)
+            .map(|c| decode_claims(c, shards))
+            .unwrap_or_default();
+        let metadata = meta
+            .iter()
+            .filter(|(k, _)| !k.starts_with(crate::config::RESERVED_METADATA_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Some(ShardMember {
+            id: leader.candidate.id.clone(),
+            weight,
+            claims,
+            metadata,
+        })
+    }
+}
+
+/// Encodes claims as the hex bitmap of [`CLAIMS_KEY`].
+pub fn encode_claims(claims: &BTreeSet<u32>) -> String {
+    let Some(&last) = claims.last() else {
+        return String::new();
+    };
+    let mut bytes = vec![0u8; last as usize / 8 + 1];
+    for &k in claims {
+        bytes[k as usize / 8] |= 1 << (k % 8);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes the hex bitmap of [`CLAIMS_KEY`], keeping shards below `shards`; anything that is
+/// not such a bitmap (or longer than `shards` needs) gives no claims.
+pub fn decode_claims(text: &str, shards: u32) -> BTreeSet<u32> {
+    let mut claims = BTreeSet::new();
+    if !text.len().is_multiple_of(2) || text.len() > (shards as usize).div_ceil(8) * 2 {
+        return claims;
+    }
+    for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+        let Some(byte) = std::str::from_utf8(pair)
+            .ok()
+            .and_then(|p| u8::from_str_radix(p, 16).ok())
+        else {
+            return BTreeSet::new();
+        };
+        for bit in 0..8 {
+            let k = (i * 8 + bit) as u32;
+            if byte & (1 << bit) != 0 && k < shards {
+                claims.insert(k);
+            }
+        }
+    }
+    claims
+}
+
+/// FNV-1a, 64 bits, then a mixer: stable across versions and platforms, since every process
+/// of a group must rank the same way.
+fn hash64(bytes: &[u8]) -> u64 {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    mix(h)
+}
+
+/// splitmix64's finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The rendezvous score of `shard` for the member whose id hashes to `member`.
+fn score(member: u64, shard: u32) -> u64 {
+    mix(member ^ mix(u64::from(shard).wrapping_add(0x9e37_79b9_7f4a_7c15)))
+}
+
+/// The map: for each shard, the index in `members` of its owner (`None` only when there are
+/// no members). Every process computes it from the same slots, so every process gets the
+/// same map; see the [module docs](self) for the rule. Members with equal ids should not
+/// happen (the ids are candidate ids); the first one counts and the others get nothing.
+pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
+    let mut owner = vec![None; shards as usize];
+    let live: Vec<usize> = (0..members.len())
+        .filter(|&i| !members[..i].iter().any(|m| m.id == members[i].id))
+        .collect();
+    if live.is_empty() || shards == 0 {
+        return owner;
+    }
+    let hashes: Vec<u64> = members.iter().map(|m| hash64(m.id.as_bytes())).collect();
+    let quota = quotas(shards, members, &live, &hashes);
+
+    // The best claimant of each shard keeps it, up to its quota, highest scores first.
+    let mut best: Vec<Option<usize>> = vec![None; shards as usize];
+    for &i in &live {
+        for &k in members[i].claims.range(..shards) {
+            let slot = &mut best[k as usize];
+            if slot.is_none_or(|b| score(hashes[i], k) > score(hashes[b], k)) {
+                *slot = Some(i);
+            }
+        }
+    }
+    let mut left = quota.clone();
+    for &i in &live {
+        let mut kept: Vec<u32> = (0..shards)
+            .filter(|&k| best[k as usize] == Some(i))
+            .collect();
+        kept.sort_by_key(|&k| std::cmp::Reverse(score(hashes[i], k)));
+        for k in kept.into_iter().take(quota[i] as usize) {
+            owner[k as usize] = Some(i);
+            left[i] -= 1;
+        }
+    }
+    // The rest, in shard order, to the highest-ranked member below its quota.
+    for k in 0..shards {
+        if owner[k as usize].is_some() {
+            continue;
+        }
+        let pick = live
+            .iter()
+            .copied()
+            .filter(|&i| left[i] > 0)
+            .max_by_key(|&i| (score(hashes[i], k), std::cmp::Reverse(i)));
+        if let Some(i) = pick {
+            owner[k as usize] = Some(i);
+            left[i] -= 1;
+        }
+    }
+    owner
+}
+
+/// Each live member's quota: its share of `shards` by weight, rounded down, and the shards
+/// left over one each to the members with the largest remainders (then the most claims, so
+/// that a balanced map stays as it is; then by hash).
+fn quotas(shards: u32, members: &[ShardMember], live: &[usize], hashes: &[u64]) -> Vec<u32> {
+    let total: u64 = live.iter().map(|&i| u64::from(members[i].weight)).sum();
+    let mut quota = vec![0u32; members.len()];
+    let mut rest = u64::from(shards);
+    for &i in live {
+        let q = u64::from(shards) * u64::from(members[i].weight) / total;
+        quota[i] = q as u32;
+        rest -= q;
+    }
+    let mut order: Vec<usize> = live.to_vec();
+    order.sort_by_key(|&i| {
+        let remainder = u64::from(shards) * u64::from(members[i].weight) % total;
+        let claims = members[i].claims.range(..shards).count();
+        std::cmp::Reverse((remainder, claims, hashes[i]))
+    });
+    for &i in order.iter().take(rest as usize) {
+        quota[i] += 1;
+    }
+    quota
+}
+
+/// What a process's shards do, as [`ShardedRunner::subscribe`] reports it.
+#[derive(Clone, Debug)]
+pub enum ShardEvent {
+    /// This process now leads the shard: its worker runs with `term`.
+    Elected {
+        /// The shard.
+        shard: u32,
+        /// The shard's new term.
+        term: Term,
+    },
+    /// This process no longer leads the shard (the term was cancelled already).
+    Demoted {
+        /// The shard.
+        shard: u32,
+        /// The token of the term that ended.
+        fencing_token: FencingToken,
+        /// Why: [`DemotionReason::Shutdown`] when the shard moved to another member.
+        reason: DemotionReason,
+        /// After an involuntary loss, when the shard's worker must have stopped.
+        stop_by: Option<Instant>,
+    },
+}
+
+/// A process's view of its group, as a [`watch`] value ([`ShardedRunner::status`]).
+#[derive(Clone, Debug)]
+pub struct ShardStatus {
+    /// The group's name.
+    pub group: String,
+    /// The number of shards.
+    pub shards: u32,
+    /// This process's candidate id.
+    pub candidate: String,
+    /// Whether this process holds a member slot.
+    pub registered: bool,
+    /// The members as their slots say, in slot order (this process included once registered).
+    pub members: Vec<ShardMember>,
+    /// The shards the map gives this process: it campaigns for these.
+    pub assigned: BTreeSet<u32>,
+    /// What keeps the group from working as it should, if anything (no free member slot, the
+    /// store unreachable, a member built with another number of shards).
+    pub problem: Option<String>,
+    terms: BTreeMap<u32, Term>,
+}
+
+impl ShardStatus {
+    /// The shards this process leads now: those whose term is not cancelled. It reads each
+    /// term's cancellation token, so it stops listing a shard the instant its term ends.
+    pub fn owned(&self) -> BTreeSet<u32> {
+        self.terms
+            .iter()
+            .filter(|(_, t)| !t.is_cancelled())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// Whether this process leads `shard` now.
+    pub fn owns(&self, shard: u32) -> bool {
+        self.term(shard).is_some()
+    }
+
+    /// The live term of `shard`, if this process leads it.
+    pub fn term(&self, shard: u32) -> Option<&Term> {
+        self.terms.get(&shard).filter(|t| !t.is_cancelled())
+    }
+}
+
+/// Builds a [`ShardedElection`]; the settings are those of an [`ElectionBuilder`], for every
+/// shard, plus the member's weight and the group's number of member slots.
+pub struct ShardedBuilder<B: Backend> {
+    inner: ElectionBuilder<B>,
+    group: String,
+    shards: u32,
+    weight: u32,
+    max_members: u32,
+}
+
+impl<B: Backend> fmt::Debug for ShardedBuilder<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedBuilder")
+            .field("inner", &self.inner)
+            .field("shards", &self.shards)
+            .field("weight", &self.weight)
+            .field("max_members", &self.max_members)
+            .finish()
+    }
+}
+
+macro_rules! delegate {
+    ($(#[$doc:meta] $name:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
+            #[$doc]
+            pub fn $name(mut self, $($arg: $ty),*) -> Self {
+                self.inner = self.inner.$name($($arg),*);
+                self
+            }
+        )*
+    };
+}
+
+impl<B: Backend> ShardedBuilder<B> {
+    delegate! {
+        /// This process's identity, unique in the group (as [`ElectionBuilder::candidate`]).
+        candidate(id: impl Into<String>);
+        /// A metadata entry others read in this member's slot (as [`ElectionBuilder::metadata`]).
+        metadata(key: impl Into<String>, value: impl Into<String>);
+        /// The session ttl (as [`ElectionBuilder::ttl`]): a dead member's shards move about this long after it dies.
+        ttl(ttl: Duration);
+        /// The renew interval (as [`ElectionBuilder::renew_interval`]).
+        renew_interval(interval: Duration);
+        /// The renew deadline of every shard's term (as [`ElectionBuilder::renew_deadline`]).
+        renew_deadline(deadline: Duration);
+        /// The store's lock-delay (as [`ElectionBuilder::lock_delay`]).
+        lock_delay(delay: Duration);
+        /// The retry back-off (as [`ElectionBuilder::backoff`]).
+        backoff(initial: Duration, max: Duration);
+        /// How long a shard's worker gets to return when its term ends (as [`ElectionBuilder::grace`]).
+        grace(grace: Duration);
+        /// What a shard does when its worker returns (as [`ElectionBuilder::on_worker_exit`]).
+        on_worker_exit(policy: OnWorkerExit);
+    }
+
+    /// This member's weight: its share of the shards is its weight over the members' total
+    /// (default 1; `1..=`[`MAX_WEIGHT`]).
+    pub fn weight(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
+    }
+
+    /// The number of member slots, the most processes the group spreads over (default
+    /// [`DEFAULT_MAX_MEMBERS`]; `1..=`[`MAX_MEMBERS`]). Every member of a group must use the
+    /// same number: a member follows only the slots it knows of.
+    pub fn max_members(mut self, slots: u32) -> Self {
+        self.max_members = slots;
+        self
+    }
+
+    /// Checks every setting: those of an election (the group's name as its name, and the
+    /// longest shard and slot names), and the shard count, weight and slot count, with
+    /// [`Error::InvalidSharding`] for the latter.
+    pub fn build(self) -> Result<ShardedElection<B>> {
+        let bad = |reason: String| Err(Error::InvalidSharding { reason });
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return bad(format!("{} shards; use 1 to {MAX_SHARDS}", self.shards));
+        }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return bad(format!("weight {}; use 1 to {MAX_WEIGHT}", self.weight));
+        }
+        if !(1..=MAX_MEMBERS).contains(&self.max_members) {
+            return bad(format!(
+                "{} member slots; use 1 to {MAX_MEMBERS}",
+                self.max_members
+            ));
+        }
+        validate_name(&shard_name(&self.group, self.shards - 1))?;
+        validate_name(&slot_name(&self.group, self.max_members - 1))?;
+        // A shard's term is handed on by moves, not by switchover: no presence record and no
+        // request watch per shard.
+        let template = self
+            .inner
+            .accept_hand_overs(false)
+            .switchover_requests(false)
+            .build()?;
+        Ok(ShardedElection {
+            template,
+            shards: self.shards,
+            weight: self.weight,
+            max_members: self.max_members,
+        })
+    }
+}
+
+/// A group of `S` shard elections spread across the processes that run it. See the
+/// [module docs](self). Cheap to clone.
+pub struct ShardedElection<B: Backend> {
+    template: Election<B>,
+    shards: u32,
+    weight: u32,
+    max_members: u32,
+}
+
+impl<B: Backend> Clone for ShardedElection<B> {
+    fn clone(&self) -> Self {
+        ShardedElection {
+            template: self.template.clone(),
+            shards: self.shards,
+            weight: self.weight,
+            max_members: self.max_members,
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for ShardedElection<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedElection")
+            .field("group", &self.template.config().name)
+            .field("shards", &self.shards)
+            .field("weight", &self.weight)
+            .field("max_members", &self.max_members)
+            .finish()
+    }
+}
+
+impl<B: Backend> ShardedElection<B> {
+    /// Starts building a group named `group` of `shards` shards on `backend`.
+    pub fn builder(backend: B, group: impl Into<String>, shards: u32) -> ShardedBuilder<B> {
+        let group = group.into();
+        ShardedBuilder {
+            inner: Election::builder(backend, group.clone()),
+            group,
+            shards,
+            weight: 1,
+            max_members: DEFAULT_MAX_MEMBERS,
+        }
+    }
+
+    /// The settings every shard's election uses (its `name` is the group's).
+    pub fn config(&self) -> &Config {
+        self.template.config()
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// Reads the group from the store once, without joining it: the members their slots
+    /// show, and the holder of each shard.
+    pub async fn map(&self) -> Result<ShardMap> {
+        read_map(
+            self.template.backend(),
+            &self.template.config().name,
+            self.shards,
+            self.max_members,
+        )
+        .await
+    }
+
+    /// Joins the group and runs `worker(shard, term)` for each shard this process leads,
+    /// each as [`Election::start`] runs one: cancelled when the term ends (the shard moved,
+    /// or was lost), stopped hard at the term's [`stop_by`](Term::stop_by) after an
+    /// involuntary loss, before the store can hand the shard on. Returns at once.
+    pub fn start<W, Fut>(&self, worker: W) -> ShardedRunner
+    where
+        W: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future + Send + 'static,
+        Fut::Output: WorkerOutcome,
+    {
+        let config = self.template.config();
+        let (status_tx, status) = watch::channel(ShardStatus {
+            group: config.name.clone(),
+            shards: self.shards,
+            candidate: config.candidate.id.clone(),
+            registered: false,
+            members: Vec::new(),
+            assigned: BTreeSet::new(),
+            problem: None,
+            terms: BTreeMap::new(),
+        });
+        let subscribers = Subscribers::default();
+        let (stop, stopped) = oneshot::channel();
+        let coordinator = Coordinator {
+            template: self.template.clone(),
+            shards: self.shards,
+            weight: self.weight,
+            max_members: self.max_members,
+            worker: Arc::new(move |k, term| {
+                let work = worker(k, term);
+                Box::pin(async move { work.await.into_result() }) as WorkerFuture
+            }),
+            status: Arc::new(status_tx),
+            subscribers: subscribers.clone(),
+            running: BTreeMap::new(),
+            stopping: JoinSet::new(),
+            view: BTreeMap::new(),
+            claims: None,
+        };
+        let task = tokio::spawn(coordinator.run(stopped));
+        ShardedRunner {
+            status,
+            subscribers,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+}
+
+/// A group as read from the store ([`ShardedElection::map`], `incumbent observe --shards`).
+#[derive(Clone, Debug)]
+pub struct ShardMap {
+    /// The members, in slot order.
+    pub members: Vec<ShardMember>,
+    /// The holder of each shard, as the store says (`None`: nobody leads it).
+    pub holders: Vec<Option<Leader>>,
+}
+
+impl ShardMap {
+    /// How many shards each member holds, by member id (members that hold none included).
+    pub fn counts(&self) -> BTreeMap<String, usize> {
+        let mut counts: BTreeMap<String, usize> =
+            self.members.iter().map(|m| (m.id.clone(), 0)).collect();
+        for holder in self.holders.iter().flatten() {
+            *counts.entry(holder.candidate.id.clone()).or_default() += 1;
+        }
+        counts
+    }
+}
+
+/// Reads `group`'s member slots and shard holders once, on any backend.
+pub async fn read_map<B: Backend>(
+    backend: &B,
+    group: &str,
+    shards: u32,
+    max_members: u32,
+) -> Result<ShardMap> {
+    let mut members = Vec::new();
+    for slot in 0..max_members {
+        let mut observer = backend.observe(&slot_name(group, slot)).await?;
+        if let Some(leader) = observer.next().await?
+            && let Some(member) = ShardMember::from_leader(&leader, shards)
+        {
+            members.push(member);
+        }
+    }
+    let mut holders = Vec::with_capacity(shards as usize);
+    for shard in 0..shards {
+        let mut observer = backend.observe(&shard_name(group, shard)).await?;
+        holders.push(observer.next().await?);
+    }
+    Ok(ShardMap { members, holders })
+}
+
+/// A process's part of a sharded group, running: what [`ShardedElection::start`] returns.
+/// Dropping it leaves the group in the background (each shard's worker is stopped, its lock
+/// released, then the member slot); [`shutdown`](Self::shutdown) does the same and waits.
+#[must_use = "dropping a ShardedRunner leaves the group: keep it for as long as the service runs"]
+#[derive(Debug)]
+pub struct ShardedRunner {
+    status: watch::Receiver<ShardStatus>,
+    subscribers: Subscribers,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ShardedRunner {
+    /// The group as this process sees it, and the shards it owns
+    /// ([`ShardStatus::owned`]).
+    pub fn status(&self) -> watch::Receiver<ShardStatus> {
+        self.status.clone()
+    }
+
+    /// A new stream of this process's shard events, from now on.
+    pub fn subscribe(&self) -> ShardEvents {
+        self.subscribers.add()
+    }
+
+    /// Leaves the group: every shard's worker is stopped (at most the grace, never past its
+    /// term's hard stop) and its lock released, then the member slot; waits for all of it.
+    pub async fn shutdown(mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match self.task.take() {
+            Some(task) => task
+                .await
+                .map_err(|e| Error::Worker(format!("the sharded runner's task failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ShardedRunner {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A stream of [`ShardEvent`]s ([`ShardedRunner::subscribe`]). It ends when the runner does.
+#[derive(Debug)]
+pub struct ShardEvents {
+    rx: QueueReceiver<ShardEvent>,
+}
+
+impl ShardEvents {
+    /// The next event; `None` once the runner has ended.
+    pub async fn recv(&mut self) -> Option<ShardEvent> {
+        self.rx.recv().await
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Subscribers(Arc<Mutex<Vec<QueueSender<ShardEvent>>>>);
+
+impl Subscribers {
+    fn add(&self) -> ShardEvents {
+        let (tx, rx) = queue();
+        lock(&self.0).push(tx);
+        ShardEvents { rx }
+    }
+
+    fn send(&self, event: &ShardEvent) {
+        lock(&self.0).retain(|s| {
+            s.send_bounded(event.clone(), crate::EVENT_QUEUE_CAPACITY)
+                .is_ok()
+        });
+    }
+
+    fn close(&self) {
+        lock(&self.0).clear();
+    }
+}
+
+type Worker = Arc<dyn Fn(u32, Term) -> WorkerFuture + Send + Sync>;
+type WorkerFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+
+/// A member's hold on its slot.
+struct Registration<B: Backend> {
+    session: B::Session,
+    contender: <B::Session as Session>::Contender,
+    health: watch::Receiver<SessionHealth>,
+    slot: u32,
+    token: FencingToken,
+}
+
+struct Coordinator<B: Backend> {
+    template: Election<B>,
+    shards: u32,
+    weight: u32,
+    max_members: u32,
+    worker: Worker,
+    status: Arc<watch::Sender<ShardStatus>>,
+    subscribers: Subscribers,
+    running: BTreeMap<u32, Runner>,
+    stopping: JoinSet<()>,
+    /// What each slot's observer last said.
+    view: BTreeMap<u32, Leader>,
+    /// The claims last written to our slot (`None`: not yet).
+    claims: Option<BTreeSet<u32>>,
+}
+
+impl<B: Backend> Coordinator<B> {
+    fn group(&self) -> &str {
+        &self.template.config().name
+    }
+
+    fn me(&self) -> &str {
+        &self.template.config().candidate.id
+    }
+
+    fn set_problem(&self, problem: Option<String>) {
+        self.status.send_if_modified(|s| {
+            let changed = s.problem != problem;
+            s.problem = problem.clone();
+            changed
+        });
+    }
+
+    async fn run(mut self, mut stopped: oneshot::Receiver<()>) {
+        let (updates_tx, mut updates) = mpsc::unbounded_channel();
+        let mut observers = JoinSet::new();
+        for slot in 0..self.max_members {
+            let backend = self.template.backend().clone();
+            let name = slot_name(self.group(), slot);
+            let tx = updates_tx.clone();
+            let backoff = self.template.config().backoff;
+            observers.spawn(follow_slot(backend, name, slot, tx, backoff));
+        }
+        drop(updates_tx);
+        let backoff = self.template.config().backoff;
+        let mut attempt = 0u32;
+        let mut registration: Option<Registration<B>> = None;
+        let mut retry_at = Instant::now();
+        loop {
+            if registration.is_none() && Instant::now() >= retry_at {
+                match self.register().await {
+                    Ok(r) => {
+                        attempt = 0;
+                        self.claims = None;
+                        self.set_problem(None);
+                        registration = Some(r);
+                    }
+                    Err(e) => {
+                        self.set_problem(Some(e.to_string()));
+                        retry_at = Instant::now() + backoff.delay(attempt);
+                        attempt = attempt.saturating_add(1);
+                    }
+                }
+            }
+            if let Err(e) = self.rebalance(registration.as_mut()).await {
+                self.set_problem(Some(format!("could not write this member's claims: {e}")));
+                retry_at = Instant::now() + backoff.delay(attempt);
+                attempt = attempt.saturating_add(1);
+            }
+            let registered = registration.is_some();
+            let lost = async {
+                match registration.as_mut() {
+                    Some(r) => {
+                        tokio::select! {
+                            _ = r.contender.lost() => {}
+                            _ = r.health.wait_for(|h| h.lost.is_some()) => {}
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut stopped => break,
+                update = updates.recv() => {
+                    let Some((slot, leader)) = update else { break };
+                    self.saw(slot, leader);
+                    while let Ok((slot, leader)) = updates.try_recv() {
+                        self.saw(slot, leader);
+                    }
+                }
+                () = lost => {
+                    if let Some(r) = registration.take() {
+                        let _ = r.session.close().await;
+                    }
+                    self.claims = None;
+                    retry_at = Instant::now() + backoff.delay(0);
+                }
+                () = sleep_until(retry_at), if !registered || self.claims.is_none() => {}
+                Some(_) = self.stopping.join_next(), if !self.stopping.is_empty() => {}
+            }
+        }
+        // Leave: the shards first (their workers stop, their locks are released), then the slot.
+        let running = std::mem::take(&mut self.running);
+        for (_, runner) in running {
+            self.stopping.spawn(async move {
+                let _ = runner.shutdown().await;
+            });
+        }
+        while self.stopping.join_next().await.is_some() {}
+        if let Some(mut r) = registration.take() {
+            let _ = r.contender.release().await;
+            let _ = r.session.close().await;
+        }
+        observers.abort_all();
+        self.status.send_modify(|s| {
+            s.registered = false;
+            s.assigned.clear();
+            s.terms.clear();
+        });
+        self.subscribers.close();
+    }
+
+    fn saw(&mut self, slot: u32, leader: Option<Leader>) {
+        match leader {
+            Some(leader) => self.view.insert(slot, leader),
+            None => self.view.remove(&slot),
+        };
+    }
+
+    /// Takes the first free member slot.
+    async fn register(&self) -> Result<Registration<B>> {
+        let config = self.template.config();
+        let session = self
+            .template
+            .backend()
+            .open_session(&config.session_options())
+            .await?;
+        let health = session.health();
+        let candidate = self.candidate(&BTreeSet::new());
+        // Slots the view shows free first, then the others (the view may be stale).
+        let (free, held): (Vec<u32>, Vec<u32>) =
+            (0..self.max_members).partition(|s| !self.view.contains_key(s));
+        for slot in free.into_iter().chain(held) {
+            let mut contender = session
+                .contend(&slot_name(self.group(), slot), &candidate)
+                .await?;
+            match contender.acquire().await? {
+                Attempt::Won { fencing_token } => {
+                    return Ok(Registration {
+                        session,
+                        contender,
+                        health,
+                        slot,
+                        token: fencing_token,
+                    });
+                }
+                Attempt::Held { .. } | Attempt::Delayed { .. } => {
+                    contender.release().await?;
+                }
+            }
+        }
+        let _ = session.close().await;
+        Err(Error::InvalidSharding {
+            reason: format!(
+                "all {} member slots of {:?} are taken; raise max_members on every member",
+                self.max_members,
+                self.group()
+            ),
+        })
+    }
+
+    fn candidate(&self, claims: &BTreeSet<u32>) -> Candidate {
+        let mut candidate = self.template.config().candidate.clone();
+        candidate
+            .metadata
+            .insert(WEIGHT_KEY.into(), self.weight.to_string());
+        candidate
+            .metadata
+            .insert(SHARD_COUNT_KEY.into(), self.shards.to_string());
+        candidate
+            .metadata
+            .insert(CLAIMS_KEY.into(), encode_claims(claims));
+        candidate
+    }
+
+    /// Computes the map from the view, and makes this process's part of it so: starts the
+    /// shards it gets, stops those it no longer has, and writes its claims.
+    async fn rebalance(&mut self, registration: Option<&mut Registration<B>>) -> Result<()> {
+        let mut members = Vec::new();
+        let mut foreign = Vec::new();
+        for leader in self.view.values() {
+            match ShardMember::from_leader(leader, self.shards) {
+                Some(m) => members.push(m),
+                None => foreign.push(leader.candidate.id.clone()),
+            }
+        }
+        let me = self.me().to_owned();
+        let mine = registration.as_ref().map(|r| r.slot);
+        let registered =
+            mine.is_some_and(|slot| self.view.get(&slot).is_some_and(|l| l.candidate.id == me));
+        let target: BTreeSet<u32> = if registered {
+            let map = assign(self.shards, &members);
+            let index = members.iter().position(|m| m.id == me);
+            (0..self.shards)
+                .filter(|&k| index.is_some() && map[k as usize] == index)
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
+        // Stop first: a shard that moves is released as soon as its worker has stopped.
+        let leaving: Vec<u32> = self
+            .running
+            .keys()
+            .filter(|k| !target.contains(k))
+            .copied()
+            .collect();
+        for k in leaving {
+            if let Some(runner) = self.running.remove(&k) {
+                self.stopping.spawn(async move {
+                    let _ = runner.shutdown().await;
+                });
+            }
+        }
+        for &k in &target {
+            if !self.running.contains_key(&k) {
+                let runner = self.start_shard(k);
+                self.running.insert(k, runner);
+            }
+        }
+        let problem = (!foreign.is_empty()).then(|| {
+            format!(
+                "members {foreign:?} were built with another number of shards than {}; they are left out of the map",
+                self.shards
+            )
+        });
+        self.status.send_if_modified(|s| {
+            let changed = s.members != members
+                || s.assigned != target
+                || s.registered != registered
+                || (problem.is_some() && s.problem != problem);
+            s.members = members.clone();
+            s.assigned = target.clone();
+            s.registered = registered;
+            if problem.is_some() {
+                s.problem = problem.clone();
+            }
+            changed
+        });
+        crate::metrics::shard_members(self.group(), members.len());
+        if let Some(r) = registration
+            && self.claims.as_ref() != Some(&target)
+        {
+            let leader = Leader {
+                candidate: self.candidate(&target),
+                fencing_token: Some(r.token),
+                since_unix_ms: Some(unix_ms_now()),
+            };
+            r.contender.proclaim(&leader).await?;
+            self.claims = Some(target);
+        }
+        Ok(())
+    }
+
+    fn start_shard(&self, shard: u32) -> Runner {
+        let election = self.template.renamed(shard_name(self.group(), shard));
+        let campaign = election.campaign();
+        let events = campaign.handle().subscribe();
+        let worker = self.worker.clone();
+        let runner = Runner::start(
+            campaign,
+            move |term| worker(shard, term),
+            runner::Policy {
+                grace: election.config().grace,
+                on_worker_exit: election.on_worker_exit(),
+            },
+        );
+        tokio::spawn(forward(
+            shard,
+            events,
+            self.status.clone(),
+            self.subscribers.clone(),
+            self.group().to_owned(),
+        ));
+        runner
+    }
+}
+
+/// Passes one shard's term changes on to the status and the subscribers.
+async fn forward(
+    shard: u32,
+    mut events: Events,
+    status: Arc<watch::Sender<ShardStatus>>,
+    subscribers: Subscribers,
+    group: String,
+) {
+    while let Some(event) = events.recv().await {
+        let event = match event {
+            LeadershipEvent::Elected(term) => {
+                status.send_modify(|s| {
+                    s.terms.insert(shard, term.clone());
+                });
+                ShardEvent::Elected { shard, term }
+            }
+            LeadershipEvent::Demoted {
+                fencing_token,
+                reason,
+                stop_by,
+            } => {
+                status.send_modify(|s| {
+                    s.terms.remove(&shard);
+                });
+                ShardEvent::Demoted {
+                    shard,
+                    fencing_token,
+                    reason,
+                    stop_by,
+                }
+            }
+            LeadershipEvent::LeaderChanged(_) => continue,
+        };
+        crate::metrics::shards_owned(&group, status.borrow().owned().len());
+        subscribers.send(&event);
+    }
+}
+
+/// Follows one member slot, sending what it says to the coordinator; retries with back-off.
+async fn follow_slot<B: Backend>(
+    backend: B,
+    name: String,
+    slot: u32,
+    tx: mpsc::UnboundedSender<(u32, Option<Leader>)>,
+    backoff: Backoff,
+) {
+    let mut attempt = 0;
+    loop {
+        let observer = backend.observe(&name).await;
+        if let Ok(mut observer) = observer {
+            while let Ok(leader) = observer.next().await {
+                attempt = 0;
+                if tx.send((slot, leader)).is_err() {
+                    return;
+                }
+            }
+        }
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(backoff.delay(attempt)).await;
+        attempt = attempt.saturating_add(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, claims: impl IntoIterator<Item = u32>) -> ShardMember {
+        ShardMember {
+            id: id.into(),
+            weight: 1,
+            claims: claims.into_iter().collect(),
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    fn parts(shards: u32, members: &[ShardMember]) -> Vec<BTreeSet<u32>> {
+        let map = assign(shards, members);
+        (0..members.len())
+            .map(|i| {
+                (0..shards)
+                    .filter(|&k| map[k as usize] == Some(i))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Every member recomputes from the others' claims until nothing changes, in a
+    /// random order: what the processes do through the store.
+    fn settle(shards: u32, members: &mut [ShardMember], seed: u64) -> usize {
+        let mut rng = seed;
+        for round in 0..100 {
+            let mut changed = false;
+            for _ in 0..members.len() {
+                rng = mix(rng.wrapping_add(1));
+                let i = (rng % members.len() as u64) as usize;
+                let mine = parts(shards, members).swap_remove(i);
+                if members[i].claims != mine {
+                    members[i].claims = mine;
+                    changed = true;
+                }
+            }
+            let all = parts(shards, members);
+            if !changed && members.iter().zip(&all).all(|(m, p)| &m.claims == p) {
+                return round;
+            }
+        }
+        panic!("the map did not settle in 100 rounds");
+    }
+
+    fn owners(members: &[ShardMember]) -> BTreeMap<u32, String> {
+        members
+            .iter()
+            .flat_map(|m| m.claims.iter().map(|k| (*k, m.id.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn claims_round_trip_and_hostile_claims_count_as_none() {
+        let claims: BTreeSet<u32> = [0, 3, 8, 63].into();
+        let text = encode_claims(&claims);
+        assert_eq!(decode_claims(&text, 64), claims);
+        assert!(
+            decode_claims(&text, 10).is_empty(),
+            "longer than 10 shards need"
+        );
+        assert!(decode_claims("zz", 64).is_empty());
+        assert!(decode_claims("0", 64).is_empty());
+        assert!(decode_claims(&"ff".repeat(1000), 64).is_empty());
+        assert_eq!(encode_claims(&BTreeSet::new()), "");
+    }
+
+    #[test]
+    fn a_hostile_member_value_is_bounded() {
+        let mut leader = Leader::from_bytes(b"x");
+        leader
+            .candidate
+            .metadata
+            .insert(WEIGHT_KEY.into(), "99999999999".into());
+        leader
+            .candidate
+            .metadata
+            .insert(CLAIMS_KEY.into(), "ffff".into());
+        let m = ShardMember::from_leader(&leader, 4).expect("a member");
+        assert_eq!(m.weight, MAX_WEIGHT);
+        assert!(m.claims.is_empty(), "claims longer than 4 shards need");
+        leader
+            .candidate
+            .metadata
+            .insert(SHARD_COUNT_KEY.into(), "8".into());
+        assert!(ShardMember::from_leader(&leader, 4).is_none());
+    }
+
+    #[test]
+    fn a_fresh_map_is_balanced_to_one_shard() {
+        for n in 1..=9 {
+            let members: Vec<_> = (0..n).map(|i| member(&format!("m{i}"), [])).collect();
+            for shards in [1, 7, 64, 1024] {
+                let sizes: Vec<usize> = parts(shards, &members).iter().map(|p| p.len()).collect();
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(hi - lo <= 1, "{shards} shards over {n}: {sizes:?}");
+                assert_eq!(sizes.iter().sum::<usize>(), shards as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn a_settled_map_is_a_fixed_point() {
+        let mut members: Vec<_> = (0..4).map(|i| member(&format!("m{i}"), [])).collect();
+        settle(64, &mut members, 1);
+        let before = owners(&members);
+        let again = parts(64, &members);
+        for (m, p) in members.iter().zip(&again) {
+            assert_eq!(&m.claims, p);
+        }
+        assert_eq!(before.len(), 64);
+    }
+
+    #[test]
+    fn weights_share_the_shards() {
+        let mut members = vec![member("a", []), member("b", []), member("c", [])];
+        members[0].weight = 2;
+        let sizes: Vec<usize> = parts(64, &members).iter().map(|p| p.len()).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 64);
+        assert!((31..=33).contains(&sizes[0]), "{sizes:?}");
+        assert!((15..=17).contains(&sizes[1]), "{sizes:?}");
+    }
+
+    #[test]
+    fn joins_and_leaves_move_at_most_s_over_n_and_stay_balanced() {
+        let pool: Vec<String> = (0..10)
+            .map(|i| format!("host-{}", mix(i) % 10_000))
+            .collect();
+        let mut seed = 7u64;
+        for shards in [64u32, 100, 1024] {
+            let mut members: Vec<ShardMember> = pool[..3].iter().map(|id| member(id, [])).collect();
+            settle(shards, &mut members, seed);
+            for step in 0..12 {
+                seed = mix(seed + step);
+                let before = owners(&members);
+                let n0 = members.len();
+                if (seed.is_multiple_of(2) && members.len() < 8) || members.len() == 1 {
+                    let next = pool.iter().find(|id| !members.iter().any(|m| &m.id == *id));
+                    members.push(member(next.expect("a free id"), []));
+                } else {
+                    members.remove((seed % members.len() as u64) as usize);
+                }
+                settle(shards, &mut members, seed);
+                let after = owners(&members);
+                assert_eq!(after.len(), shards as usize, "every shard has an owner");
+                let moves = (0..shards)
+                    .filter(|k| before.get(k) != after.get(k))
+                    .count();
+                let n = n0.min(members.len()) as u32;
+                assert!(
+                    moves <= shards.div_ceil(n) as usize,
+                    "{shards} shards, {n0} -> {} members: {moves} moves",
+                    members.len()
+                );
+                let sizes: Vec<usize> = members.iter().map(|m| m.claims.len()).collect();
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(hi - lo <= 1, "balanced: {sizes:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_claim_two_members_make_goes_to_one() {
+        let members = vec![member("a", [0, 1]), member("b", [1, 2])];
+        let map = assign(4, &members);
+        assert!(map.iter().all(Option::is_some));
+        assert_eq!(map[0], Some(0));
+        assert_eq!(map[2], Some(1));
+    }
+}

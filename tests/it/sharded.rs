@@ -1,0 +1,312 @@
+//! Sharded elections on the memory backend, under paused time: members join and leave (and
+//! one is cut off from the store), the map stays balanced, moves stay few, and a ledger of
+//! every shard's terms shows no two owners at once and tokens that only grow. The same on
+//! real stores, with separate processes, kill -9 and SIGSTOP: `tools/tests/sharded.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use incumbent::memory::{MemoryBackend, Reachability};
+use incumbent::sharded::{ShardEvent, ShardedRunner};
+use incumbent::{DemotionReason, Error, ShardedElection};
+use tokio::time::{Instant, timeout};
+
+const TTL: Duration = Duration::from_secs(3);
+const SHARDS: u32 = 64;
+
+/// One term of one shard: `(shard, token, member, start, end)`.
+type TermRow = (u32, u64, String, Instant, Option<Instant>);
+
+/// Every term of every shard.
+#[derive(Clone, Default)]
+struct Ledger(Arc<Mutex<Vec<TermRow>>>);
+
+struct Entry(Ledger, usize);
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.0.0.lock().unwrap()[self.1].4 = Some(Instant::now());
+    }
+}
+
+impl Ledger {
+    fn start(&self, shard: u32, token: u64, member: &str) -> Entry {
+        let mut terms = self.0.lock().unwrap();
+        terms.push((shard, token, member.to_owned(), Instant::now(), None));
+        Entry(self.clone(), terms.len() - 1)
+    }
+
+    /// No shard had two terms at once; each shard's tokens grew with its terms.
+    fn check(&self) {
+        let terms = self.0.lock().unwrap();
+        let mut by_shard: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+        for t in terms.iter() {
+            by_shard.entry(t.0).or_default().push(t.clone());
+        }
+        for (shard, mut terms) in by_shard {
+            terms.sort_by_key(|t| (t.3, t.1));
+            for pair in terms.windows(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                let a_end = a.4.expect("a term that another followed has ended");
+                assert!(
+                    a_end <= b.3,
+                    "shard {shard}: {} (token {}) until {a_end:?} overlaps {} (token {}) from {:?}",
+                    a.2,
+                    a.1,
+                    b.2,
+                    b.1,
+                    b.3
+                );
+                assert!(b.1 > a.1, "shard {shard}: token {} after {}", b.1, a.1);
+            }
+        }
+    }
+}
+
+fn member(backend: &MemoryBackend, id: &str, ledger: &Ledger) -> ShardedRunner {
+    let group = ShardedElection::builder(backend.clone(), "jobs", SHARDS)
+        .candidate(id)
+        .ttl(TTL)
+        .backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .grace(Duration::from_millis(500))
+        .build()
+        .expect("valid settings");
+    let ledger = ledger.clone();
+    let id = id.to_owned();
+    group.start(move |shard, term| {
+        let entry = ledger.start(shard, term.fencing_token(), &id);
+        async move {
+            term.cancelled().await;
+            drop(entry);
+        }
+    })
+}
+
+/// Who owns each shard, once every shard has exactly one owner and the owners are balanced
+/// (within one of `SHARDS / members`); panics after `limit`.
+async fn settled(members: &[(&str, &ShardedRunner)], limit: Duration) -> BTreeMap<u32, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut owners: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+        let mut counts = Vec::new();
+        for (id, runner) in members {
+            let owned = runner.status().borrow().owned();
+            counts.push(owned.len());
+            for k in owned {
+                owners.entry(k).or_default().push((*id).to_owned());
+            }
+        }
+        let per = SHARDS as usize / members.len();
+        let balanced = counts.iter().all(|&c| c == per || c == per + 1);
+        if owners.len() == SHARDS as usize && owners.values().all(|o| o.len() == 1) && balanced {
+            return owners.into_iter().map(|(k, o)| (k, o[0].clone())).collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not settled after {limit:?}: owned {counts:?}, {} shards owned",
+            owners.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn moves(before: &BTreeMap<u32, String>, after: &BTreeMap<u32, String>) -> usize {
+    (0..SHARDS)
+        .filter(|k| before.get(k) != after.get(k))
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn shards_spread_over_three_then_four_then_two_members_and_never_have_two_owners() {
+    let store = MemoryBackend::new();
+    let ledger = Ledger::default();
+    let clients: Vec<MemoryBackend> = (0..4).map(|_| store.client()).collect();
+    let a = member(&clients[0], "a", &ledger);
+    let b = member(&clients[1], "b", &ledger);
+    let c = member(&clients[2], "c", &ledger);
+    let three = settled(&[("a", &a), ("b", &b), ("c", &c)], TTL * 2).await;
+
+    // A join moves only what the newcomer gets: 16 of 64, at most ⌈64/3⌉.
+    let d = member(&clients[3], "d", &ledger);
+    let four = settled(&[("a", &a), ("b", &b), ("c", &c), ("d", &d)], TTL * 2).await;
+    let joined = moves(&three, &four);
+    assert!(joined <= 22, "{joined} moves on a join");
+    assert_eq!(four.values().filter(|o| *o == "d").count(), 16);
+
+    // A graceful leave moves only the leaver's shards.
+    c.shutdown().await.expect("c leaves");
+    let three_again = settled(&[("a", &a), ("b", &b), ("d", &d)], TTL * 2).await;
+    let left = moves(&four, &three_again);
+    assert_eq!(left, 16, "the leaver's 16 shards move, nothing else");
+
+    // A member cut off from the store: its terms end by the renew deadline, and the others
+    // take its shards once the store expires its session.
+    clients[3].set_reachability(Reachability::Hanging);
+    let two = settled(&[("a", &a), ("b", &b)], TTL * 4).await;
+    let cut = moves(&three_again, &two);
+    assert!(cut <= 32, "{cut} moves when one of three is cut off");
+    assert!(
+        d.status().borrow().owned().is_empty(),
+        "the cut-off member's terms ended"
+    );
+
+    clients[3].set_reachability(Reachability::Reachable);
+    let three_last = settled(&[("a", &a), ("b", &b), ("d", &d)], TTL * 4).await;
+    assert!(moves(&two, &three_last) <= 32);
+
+    for runner in [a, b, d] {
+        runner.shutdown().await.expect("shutdown");
+    }
+    ledger.check();
+    let terms = ledger.0.lock().unwrap().len();
+    assert!(terms >= 64 + 16 + 16, "{terms} terms in the ledger");
+    assert!(
+        ledger.0.lock().unwrap().iter().all(|t| t.4.is_some()),
+        "every worker stopped"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_say_which_shard_was_elected_and_why_it_was_demoted() {
+    let store = MemoryBackend::new();
+    let ledger = Ledger::default();
+    let a = member(&store.client(), "a", &ledger);
+    let mut events = a.subscribe();
+    let mut elected = BTreeSet::new();
+    while elected.len() < SHARDS as usize {
+        match timeout(TTL, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            ShardEvent::Elected { shard, term } => {
+                assert!(term.election().ends_with(&format!("/{shard}")));
+                elected.insert(shard);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // A second member takes half: a's shards move with reason `shutdown`.
+    let b = member(&store.client(), "b", &ledger);
+    let mut moved = BTreeSet::new();
+    while moved.len() < SHARDS as usize / 2 {
+        match timeout(TTL, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            ShardEvent::Demoted { shard, reason, .. } => {
+                assert_eq!(reason, DemotionReason::Shutdown);
+                moved.insert(shard);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    settled(&[("a", &a), ("b", &b)], TTL).await;
+    let status = a.status().borrow().clone();
+    assert_eq!(status.members.len(), 2);
+    assert_eq!(status.assigned, status.owned());
+    assert!(status.problem.is_none(), "{:?}", status.problem);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+    ledger.check();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_without_a_free_slot_says_so_and_takes_nothing() {
+    let store = MemoryBackend::new();
+    let build = |id: &str| {
+        ShardedElection::builder(store.client(), "jobs", 8)
+            .candidate(id)
+            .ttl(TTL)
+            .max_members(1)
+            .build()
+            .expect("valid settings")
+    };
+    let a = build("a").start(|_, term| async move { term.cancelled().await });
+    let mut status = a.status();
+    timeout(TTL, status.wait_for(|s| s.owned().len() == 8))
+        .await
+        .expect("a owns every shard")
+        .expect("running");
+    let b = build("b").start(|_, term| async move { term.cancelled().await });
+    let mut b_status = b.status();
+    let problem = timeout(TTL, b_status.wait_for(|s| s.problem.is_some()))
+        .await
+        .expect("b says why")
+        .expect("running")
+        .problem
+        .clone()
+        .unwrap();
+    assert!(problem.contains("raise max_members"), "{problem}");
+    assert!(b.status().borrow().owned().is_empty());
+    assert_eq!(a.status().borrow().owned().len(), 8);
+    b.shutdown().await.expect("shutdown");
+    a.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_built_with_another_shard_count_is_left_out() {
+    let store = MemoryBackend::new();
+    let a = ShardedElection::builder(store.client(), "jobs", 8)
+        .candidate("a")
+        .ttl(TTL)
+        .build()
+        .expect("valid")
+        .start(|_, term| async move { term.cancelled().await });
+    let b = ShardedElection::builder(store.client(), "jobs", 16)
+        .candidate("b")
+        .ttl(TTL)
+        .build()
+        .expect("valid")
+        .start(|_, term| async move { term.cancelled().await });
+    let mut status = a.status();
+    let seen = timeout(TTL, status.wait_for(|s| s.problem.is_some()))
+        .await
+        .expect("a says why")
+        .expect("running")
+        .clone();
+    assert!(
+        seen.problem
+            .as_deref()
+            .unwrap()
+            .contains("another number of shards"),
+        "{:?}",
+        seen.problem
+    );
+    timeout(TTL, status.wait_for(|s| s.owned().len() == 8))
+        .await
+        .expect("a keeps every shard of its own count")
+        .expect("running");
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
+#[test]
+fn settings_out_of_range_are_typed_errors() {
+    let store = MemoryBackend::new();
+    let err = ShardedElection::builder(store.clone(), "jobs", 0)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidSharding { .. }), "{err}");
+    assert!(err.to_string().contains("use 1 to 65536"), "{err}");
+    let err = ShardedElection::builder(store.clone(), "jobs", 8)
+        .weight(0)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidSharding { .. }), "{err}");
+    let err = ShardedElection::builder(store.clone(), "jobs", 8)
+        .max_members(5000)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidSharding { .. }), "{err}");
+    let err = ShardedElection::builder(store.clone(), "jobs/", 8)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidElectionName { .. }), "{err}");
+    let err = ShardedElection::builder(store, "x".repeat(120), 8)
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidElectionName { .. }), "{err}");
+}
