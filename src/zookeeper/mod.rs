@@ -188,7 +188,9 @@ pub struct ZookeeperBackend {
 struct Inner {
     settings: Settings,
     sessions: SessionPool<shared::Zk>,
-    /// The client observers read with (a session of its own), reconnected when it ends.
+    /// The client observers read with while this process has no campaign session: a
+    /// session of its own, opened by `connect` (its check that the ensemble answers), let go
+    /// when a campaign session opens, and opened again when needed with none open.
     reader: tokio::sync::Mutex<Option<zk::Client>>,
 }
 
@@ -296,8 +298,12 @@ impl ZookeeperBackend {
         builder::open_client(&self.inner.settings, timeout, self.acls()).await
     }
 
-    /// The observers' client, reconnected if its session ended.
+    /// The observers' client: a campaign session's, where this process has one open (one
+    /// connection per process), else the reader session, opened again if it ended.
     async fn reader(&self) -> Result<zk::Client> {
+        if let Some(client) = self.session_client() {
+            return Ok(client);
+        }
         let mut reader = self.inner.reader.lock().await;
         if let Some(client) = reader.as_ref()
             && !client.state().is_terminated()
@@ -308,6 +314,25 @@ impl ZookeeperBackend {
         let client = self.client(builder::READER_SESSION_TIMEOUT).await?;
         *reader = Some(client.clone());
         Ok(client)
+    }
+
+    /// A live campaign session's client, if this process has one open.
+    fn session_client(&self) -> Option<zk::Client> {
+        self.inner
+            .sessions
+            .sessions()
+            .iter()
+            .filter_map(|session| session.client().ok())
+            .find(|client| !client.state().is_terminated())
+    }
+
+    /// Lets the reader session go once a campaign session can serve the observers: a
+    /// process that campaigns holds one connection to the ensemble. Observers that read
+    /// through it keep it until their next read.
+    async fn retire_reader(&self) {
+        if self.session_client().is_some() {
+            self.inner.reader.lock().await.take();
+        }
     }
 
     /// Runs one request, bounded by the request timeout.
@@ -470,7 +495,9 @@ impl Backend for ZookeeperBackend {
     }
 
     async fn open_session(&self, options: &SessionOptions) -> Result<ZookeeperSession> {
-        session::open(self, options).await
+        let session = session::open(self, options).await?;
+        self.retire_reader().await;
+        Ok(session)
     }
 
     async fn observe(&self, election: &str) -> Result<ZookeeperObserver> {

@@ -126,6 +126,9 @@ async fn shards_spread_over_three_then_four_then_two_members_and_never_have_two_
     let b = member(&clients[1], "b", &ledger);
     let c = member(&clients[2], "c", &ledger);
     let three = settled(&[("a", &a), ("b", &b), ("c", &c)], TTL * 2).await;
+    // One session per process, whatever the number of shards: the member slot and every
+    // shard's campaign share it.
+    assert_eq!(store.session_count(), 3, "one session per member");
 
     // A join moves only what the newcomer gets: 16 of 64, at most ⌈64/3⌉.
     let d = member(&clients[3], "d", &ledger);
@@ -309,4 +312,41 @@ fn settings_out_of_range_are_typed_errors() {
         .build()
         .unwrap_err();
     assert!(matches!(err, Error::InvalidElectionName { .. }), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn weights_share_the_shards_in_proportion() {
+    let store = MemoryBackend::new();
+    let start = |id: &str, weight: u32| {
+        ShardedElection::builder(store.client(), "jobs", SHARDS)
+            .candidate(id)
+            .ttl(TTL)
+            .weight(weight)
+            .build()
+            .expect("valid")
+            .start(|_, term| async move { term.cancelled().await })
+    };
+    let (a, b, c) = (start("a", 2), start("b", 1), start("c", 1));
+    let deadline = Instant::now() + TTL * 2;
+    loop {
+        let counts: Vec<usize> = [&a, &b, &c]
+            .iter()
+            .map(|r| r.status().borrow().owned().len())
+            .collect();
+        if counts == [32, 16, 16] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "owned {counts:?}, not 32/16/16");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = a.status().borrow().members.clone();
+    assert_eq!(
+        seen.iter()
+            .map(|m| (m.id.as_str(), m.weight))
+            .collect::<Vec<_>>(),
+        [("a", 2), ("b", 1), ("c", 1)]
+    );
+    for runner in [a, b, c] {
+        runner.shutdown().await.expect("shutdown");
+    }
 }

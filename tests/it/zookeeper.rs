@@ -495,3 +495,49 @@ async fn participants_lists_the_queue_leader_first_without_campaigning() {
     }
     a.shutdown().await.expect("shutdown");
 }
+
+/// Connections the server has open, from its AdminServer.
+async fn connections(server: &ZookeeperServer) -> Option<usize> {
+    let body = crate::support::http::get(server.admin_addr(), "/commands/cons")
+        .await
+        .ok()?
+        .body;
+    let json: serde_json::Value = serde_json::from_str(&body).ok()?;
+    json["connections"].as_array().map(Vec::len)
+}
+
+/// A process that campaigns holds one connection to the ensemble, as kazoo does: its
+/// observers and reads go through its campaign session, and the session `connect` opened to
+/// check the ensemble is let go. With no campaign left, an observer opens one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaigning_process_holds_one_connection() {
+    let server = ZookeeperServer::single().await;
+    let backend = connect(&server.connect_string()).await;
+    assert_eq!(connections(&server).await, Some(1), "connect's own session");
+    let mut a = election(&backend, "one-connection", "a").campaign();
+    elected(&mut a, PATIENCE).await;
+    let mut observer = backend.observe("one-connection").await.expect("observe");
+    let holder = observer.next().await.expect("read").expect("a leader");
+    assert_eq!(holder.candidate.id, "a");
+    let line = backend
+        .participants("one-connection")
+        .await
+        .expect("list")
+        .expect("a line");
+    assert_eq!(line.len(), 1);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while connections(&server).await != Some(1) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?} connections while campaigning",
+            connections(&server).await
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(backend.session_ids().len(), 1);
+
+    // Without a campaign the observer still reads, through a session of its own.
+    a.shutdown().await.expect("shutdown");
+    let mut observer = backend.observe("one-connection").await.expect("observe");
+    assert_eq!(observer.next().await.expect("read"), None);
+}

@@ -49,7 +49,7 @@ zookeeper-ensemble,redis-failover,postgres,postgres-pooled] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \
 | chaos check DIR \
-| chaos sharded [--backend etcd,zookeeper,postgres,consul,redis,memcached] [--shards N] [--rounds R] [--keep DIR]";
+| chaos sharded [--backend etcd,zookeeper,postgres,consul,redis,memcached,file] [--shards N] [--rounds R] [--keep DIR]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -463,7 +463,8 @@ async fn wait_settled(
 /// Runs the scenario on the store at `url`, with `this` (a program that runs
 /// [`member`] as `shard-member …`) as the members, keeping the ledger in `dir`:
 /// 3 members, a 4th joins, one is killed (kill -9), one is frozen (SIGSTOP) past the ttl and
-/// then resumed, and all leave with SIGTERM.
+/// then resumed, and all leave with SIGTERM. On the file backend (`file:` URLs) the frozen
+/// member keeps its shards (the kernel keeps its locks), and the map must not change.
 pub async fn scenario(
     this: &Path,
     url: &str,
@@ -540,9 +541,23 @@ pub async fn scenario(
 
     frozen.insert(members.pid("m2") as u32);
     members.signal("m2", libc::SIGSTOP);
-    live.remove("m2");
-    let (map, took) = wait_settled(&backend, &live, shards, slots, limit).await?;
-    step(&mut report, "m2 is frozen (SIGSTOP)", 3, map, took);
+    if url.starts_with("file:") {
+        // The kernel keeps a frozen process's locks: on the file backend its shards stay
+        // with it, and nothing may move while it is frozen.
+        tokio::time::sleep(ttl * 2).await;
+        let (map, took) = wait_settled(&backend, &live, shards, slots, limit).await?;
+        step(
+            &mut report,
+            "m2 is frozen (SIGSTOP; its file locks stay with it)",
+            3,
+            map,
+            took,
+        );
+    } else {
+        live.remove("m2");
+        let (map, took) = wait_settled(&backend, &live, shards, slots, limit).await?;
+        step(&mut report, "m2 is frozen (SIGSTOP)", 3, map, took);
+    }
 
     members.signal("m2", libc::SIGCONT);
     live.insert("m2".into());
@@ -577,7 +592,7 @@ pub struct StartedStore {
 }
 
 /// Starts `name` (`etcd`, `zookeeper`, `postgres`, `consul`, `redis` or `memcached`) on a
-/// free loopback port in a temp dir. Panics, naming the install command, when it is missing.
+/// free loopback port in a temp dir, or makes a lock directory (`file`). Panics, naming the install command, when it is missing.
 pub async fn start_store(name: &str) -> Result<StartedStore, String> {
     use crate::support::{consul, etcd, memcached, postgres, redis, zookeeper};
     let (server, url): (Box<dyn std::any::Any + Send>, String) = match name {
@@ -610,6 +625,11 @@ pub async fn start_store(name: &str) -> Result<StartedStore, String> {
             let s = memcached::MemcachedServer::start().await;
             let url = format!("memcached://{}", s.addr());
             (Box::new(s), url)
+        }
+        "file" => {
+            let dir = tempfile::tempdir().map_err(|e| format!("a temp dir: {e}"))?;
+            let url = format!("file://{}", dir.path().display());
+            (Box::new(dir), url)
         }
         other => return Err(format!("no sharded scenario for the store {other:?}")),
     };
