@@ -44,6 +44,12 @@ const BIN: &str = env!("CARGO_BIN_EXE_incumbent");
 const ROUNDS: usize = 15;
 const LIMIT: Duration = Duration::from_secs(10);
 
+thread_local! {
+    /// Environment for the `incumbent run` processes this thread starts (the memcached
+    /// section's `INCUMBENT_POLL_INTERVAL`).
+    static POLL: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A line read from a child, when it was read.
 struct Seen {
     at: Instant,
@@ -152,6 +158,7 @@ fn start(
         .args(["--backend", backend, "--"])
         .args(workload.argv())
         .env_remove("RUST_LOG")
+        .envs(POLL.with(|p| p.borrow().clone()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -403,6 +410,190 @@ fn etcdctl_section(endpoint: &str) {
     );
 }
 
+/// An `add`-polling lock in Python's standard library, the usual memcached recipe: `add`
+/// the key with a ttl every `POLL_MS`; once stored, print `up` and `touch` it every ttl/3;
+/// on SIGTERM, `delete` it and exit. `python3 peer.py HOST PORT KEY TTL_S POLL_MS`.
+const PEER_PY: &str = r#"
+import os, signal, socket, sys, time
+host, port, key, ttl, poll = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4]), int(sys.argv[5]) / 1000
+conn = socket.create_connection((host, port))
+reader = conn.makefile("rb")
+me = str(os.getpid()).encode()
+held = False
+def ask(line, data=None):
+    conn.sendall(line + b"\r\n" + (data + b"\r\n" if data is not None else b""))
+    return reader.readline().strip()
+def stop(*_):
+    if held:
+        ask(b"delete " + key)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+while True:
+    if ask(b"add %s 0 %d %d" % (key, ttl, len(me)), me) == b"STORED":
+        held = True
+        sys.stdout.write("up\n")
+        sys.stdout.flush()
+        while True:
+            time.sleep(ttl / 3)
+            ask(b"touch %s %d" % (key, ttl))
+    time.sleep(poll)
+"#;
+
+/// memcached's own counters of client commands (gets, storage commands, touches, deletes,
+/// increments): one per request incumbent or the peer sends.
+#[cfg(feature = "memcached")]
+fn memcached_commands(addr: std::net::SocketAddr) -> Option<u64> {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.write_all(b"stats\r\n").ok()?;
+    let mut total = 0;
+    for line in BufReader::new(conn).lines() {
+        let line = line.ok()?;
+        let line = line.trim_end();
+        if line == "END" {
+            break;
+        }
+        let words: Vec<&str> = line.split(' ').collect();
+        if let ["STAT", name, value] = words[..]
+            && matches!(
+                name,
+                "cmd_get"
+                    | "cmd_set"
+                    | "cmd_touch"
+                    | "delete_hits"
+                    | "delete_misses"
+                    | "incr_hits"
+                    | "incr_misses"
+                    | "decr_hits"
+                    | "decr_misses"
+            )
+        {
+            total += value.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// memcached, side by side in one run: `incumbent run` pairs (followers polling every
+/// `poll_ms`, through `INCUMBENT_POLL_INTERVAL`) and pairs of the Python `add`-polling peer
+/// ([`PEER_PY`]) at the same interval, rounds interleaved: from SIGTERM of the holder to the
+/// next holder's first line, and the requests the server counted per second while a holder
+/// and a follower sat idle.
+#[cfg(feature = "memcached")]
+fn memcached_section(
+    addr: std::net::SocketAddr,
+    workload: &Workload,
+    poll_ms: u64,
+    dir: &std::path::Path,
+) {
+    let count = std::env::var("HANDOFF_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS)
+        .min(1000);
+    let peer = dir.join("peer.py");
+    if std::fs::write(&peer, PEER_PY).is_err() {
+        return;
+    }
+    let backend = format!("memcached://{addr}");
+    POLL.with(|p| {
+        *p.borrow_mut() = vec![("INCUMBENT_POLL_INTERVAL".into(), format!("{poll_ms}ms"))]
+    });
+    let start_peer = |key: &str, who: &'static str, tx: &Sender<Seen>| -> Option<Proc> {
+        let mut child = Command::new("python3")
+            .arg(&peer)
+            .args([
+                &addr.ip().to_string(),
+                &addr.port().to_string(),
+                key,
+                "2",
+                &poll_ms.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        follow(child.stdout.take()?, who, "stdout", tx.clone());
+        Some(Proc(child))
+    };
+    // Requests per second while one holds and one follows, each kind alone.
+    let idle_rate = |kind: &str| -> Option<f64> {
+        let (tx, rx) = channel();
+        let key = format!("bench-idle-{kind}-{}", std::process::id());
+        let launch = |who: &'static str| match kind {
+            "incumbent" => Some(start(BIN, &backend, &key, who, workload, &tx)),
+            _ => start_peer(&key, who, &tx),
+        };
+        let a = launch("a")?;
+        wait_for(&rx, "a", "stdout", None)?;
+        let b = launch("b")?;
+        thread::sleep(Duration::from_secs(1));
+        let before = memcached_commands(addr)?;
+        thread::sleep(Duration::from_secs(3));
+        let after = memcached_commands(addr)?;
+        drop(b);
+        drop(a);
+        Some(after.saturating_sub(before) as f64 / 3.0)
+    };
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for n in 0..count {
+        if let Some(r) = round(BIN, &backend, workload, 5000 + n) {
+            ours.push(r.first_line);
+        }
+        let key = format!("bench-peer-{n}-{}", std::process::id());
+        let (tx, rx) = channel();
+        let Some(a) = start_peer(&key, "a", &tx) else {
+            println!("memcached peer: python3 did not start");
+            break;
+        };
+        if wait_for(&rx, "a", "stdout", None).is_none() {
+            continue;
+        }
+        let Some(b) = start_peer(&key, "b", &tx) else {
+            continue;
+        };
+        // The peer polls at a fixed pace from its start: a random wait, so that SIGTERM does
+        // not fall at the same point of its cycle in every round (incumbent's polls are
+        // jittered).
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        thread::sleep(Duration::from_millis(200 + u64::from(nanos) % poll_ms));
+        let sigterm = Instant::now();
+        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+        unsafe {
+            libc::kill(i32::try_from(a.0.id()).unwrap_or(0), libc::SIGTERM);
+        }
+        if let Some(at) = wait_for(&rx, "b", "stdout", None) {
+            theirs.push(at.duration_since(sigterm).as_secs_f64() * 1e6);
+        }
+        drop(b);
+        drop(a);
+    }
+    let (ours_ms, theirs_ms) = (
+        median(ours.clone()) / 1000.0,
+        median(theirs.clone()) / 1000.0,
+    );
+    println!(
+        "memcached, followers polling every {poll_ms} ms, command {}: SIGTERM of the holder to \
+         the next holder's first line, medians over interleaved rounds: incumbent run {ours_ms:.1} ms \
+         ({} rounds), Python add-polling peer {theirs_ms:.1} ms ({} rounds); ratio {:.2} \
+         [target: <= 1.5]",
+        workload.name(),
+        ours.len(),
+        theirs.len(),
+        ours_ms / theirs_ms
+    );
+    println!(
+        "  requests/s at the server with a holder and a follower idle: incumbent {}, peer {}",
+        idle_rate("incumbent").map_or("?".into(), |r| format!("{r:.1}")),
+        idle_rate("peer").map_or("?".into(), |r| format!("{r:.1}")),
+    );
+    POLL.with(|p| p.borrow_mut().clear());
+}
+
 fn main() {
     let only: Vec<String> = std::env::args()
         .skip(1)
@@ -436,5 +627,19 @@ fn main() {
         }
         etcdctl_section(&etcd.client_addr().to_string());
         drop(etcd);
+    }
+    #[cfg(feature = "memcached")]
+    if wanted("memcached") {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let server = runtime.block_on(support::memcached::MemcachedServer::start());
+        let workload = workloads.last().expect("a workload");
+        for poll_ms in [500, 100, 50] {
+            memcached_section(server.addr(), workload, poll_ms, programs.path());
+        }
+        drop(server);
     }
 }

@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use crate::backend::{
     Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Observer, Session, SessionHealth,
-    lock, unix_ms_now,
+    Wakeup, lock, unix_ms_now,
 };
 use crate::config::Config;
 use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
@@ -1308,7 +1308,8 @@ impl<B: Backend> Engine<B> {
         let mut fence = Fence::of(&health, self.config.renew_deadline);
         let mut resign_done = None;
         let mut transfer = None;
-        let mut requests = Sightings::default();
+        // On a polling store, the leader reads the request lock once per renew interval.
+        let mut requests = Sightings::paced(&self.backend, self.config.renew_interval);
         let requests_key = request_name(&self.config.name);
         let (reason, lock_loss) = loop {
             // Decided from the health itself: the fence only says when to look again.
@@ -2121,6 +2122,10 @@ struct Sightings<O> {
     failures: u32,
     /// When to try again after a failure.
     retry_at: Option<Instant>,
+    /// Read once per this long instead of following (see [`Sightings::paced`]).
+    pace: Option<Duration>,
+    /// When the next paced read is due.
+    next_read: Option<Instant>,
 }
 
 impl<O> Default for Sightings<O> {
@@ -2129,18 +2134,52 @@ impl<O> Default for Sightings<O> {
             observer: None,
             failures: 0,
             retry_at: None,
+            pace: None,
+            next_read: None,
         }
     }
 }
 
 impl<O: Observer> Sightings<O> {
-    /// The next leader the observer reports. Cancel-safe: the retry time survives a drop.
+    /// Sightings of a key that changes rarely and can wait (the request lock of a
+    /// switchover): on a store whose observers poll ([`Wakeup::Poll`]), a read once per
+    /// `pace` instead of one per poll interval, so that a leader costs the store no request
+    /// per poll for it. Elsewhere the store pushes changes, and they are followed.
+    fn paced<B: Backend<Observer = O>>(backend: &B, pace: Duration) -> Self {
+        Sightings {
+            pace: match backend.info().wakeup {
+                Wakeup::Poll(poll) => Some(pace.max(poll)),
+                Wakeup::Push => None,
+            },
+            ..Sightings::default()
+        }
+    }
+
+    /// The next leader the observer reports (a paced one: what one read says, at each
+    /// pace). Cancel-safe: the retry time and the next read survive a drop.
     async fn next<B: Backend<Observer = O>>(
         &mut self,
         backend: &B,
         name: &str,
         config: &Config,
     ) -> Option<Leader> {
+        if let Some(pace) = self.pace {
+            loop {
+                let due = *self.next_read.get_or_insert_with(|| Instant::now() + pace);
+                sleep_until(due).await;
+                self.next_read = Some(Instant::now() + pace);
+                let read = async { backend.observe(name).await?.next().await };
+                match timeout(config.renew_deadline, read).await {
+                    Ok(Ok(leader)) => return leader,
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "reading {name} failed; reading it again at the next pace")
+                    }
+                    Err(_) => tracing::debug!(
+                        "reading {name} timed out; reading it again at the next pace"
+                    ),
+                }
+            }
+        }
         loop {
             let error = match &mut self.observer {
                 Some(observer) => match observer.next().await {

@@ -42,7 +42,11 @@
 //!
 //! A candidate that does not lead asks through the store: it takes the election's request
 //! lock (`<election>/.switchover`) with the target and the window in its value, and the
-//! leader, which watches that lock, hands over. The lock is the arbiter of concurrent
+//! leader, which watches that lock, hands over. On a store that pushes changes the leader
+//! follows the lock; on one whose observers poll (Redis without keyspace notifications,
+//! memcached, PostgreSQL behind a pooler) it reads the lock once per renew interval, so
+//! that an idle leader costs the store no request per poll for it: such a request is
+//! served up to a renew interval later. The lock is the arbiter of concurrent
 //! requests: a second request while one holds it is refused with
 //! [`HandOverError::InProgress`], and a leader serves one hand-over at a time. So two
 //! requests for different targets give one winner and one clear error, never two leaders

@@ -55,6 +55,7 @@
 //! | `PGHOST`, `PGPORT`, `PGDATABASE`, `PGAPPNAME` | PostgreSQL | the hosts (comma-separated) and port of `postgres:`, the database when the URL names none (default: the user), the application name (default `incumbent`) |
 //! | `INCUMBENT_PG_TABLE` | PostgreSQL | the lease table (default `incumbent_leases`) |
 //! | `INCUMBENT_PG_LISTEN` | PostgreSQL | `off` behind a transaction pooler (PgBouncer's `pool_mode = transaction`), where `LISTEN` hears nothing: followers poll |
+//! | `INCUMBENT_POLL_INTERVAL` | Redis, memcached, PostgreSQL | how often followers poll, a whole number of `ms` or `s` (default `500ms`): a hand-off takes about half of it, and each poll is one request per follower and election |
 //! | `CONSUL_HTTP_TOKEN_FILE` | Consul | a file holding the ACL token (surrounding white space is trimmed); when set and not empty, it wins over `CONSUL_HTTP_TOKEN`, as in Consul's own tools |
 //!
 //! | `ETCDCTL_ENDPOINTS` | etcd | the endpoints of `etcd:` / `etcd:///prefix` (`https://host:port,…`; `host:port` is `https://` when a CA is given, else `http://`) |
@@ -289,7 +290,7 @@ store_form!(
         Ok(BackendUrl::Memcached { address })
     },
     connect_memcached(code, address: &str) {
-        let backend = crate::memcached::MemcachedBackend::builder(address).connect().await?;
+        let backend = crate::memcached::url::builder(address)?.connect().await?;
         Ok(code.call(backend).await)
     }
 );

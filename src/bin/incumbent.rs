@@ -180,6 +180,8 @@ certificate and host name always checked)
   INCUMBENT_PG_TABLE        PostgreSQL: the lease table [default: incumbent_leases]
   INCUMBENT_PG_LISTEN       PostgreSQL: off behind a transaction pooler (PgBouncer), where \
 LISTEN cannot work: followers poll
+  INCUMBENT_POLL_INTERVAL   Redis, memcached, PostgreSQL: how often followers poll (e.g. \
+100ms) [default: 500ms]; a hand-off takes about half of it, each poll is one request
 
 Precedence: a flag wins over the backend URL, which wins over the environment. --ca-file, \
 --cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY, CONSUL_CACERT/CLIENT_CERT/\

@@ -24,17 +24,26 @@ pub(crate) fn parse(shown: &str, rest: &str) -> Result<String> {
 }
 
 impl MemcachedBackend {
-    /// A builder for the memcached server a URL names (`memcached://host:port`): set more
-    /// with the builder, then [`connect`](MemcachedBuilder::connect).
+    /// A builder for the memcached server a URL names (`memcached://host:port`), with the
+    /// poll interval of `INCUMBENT_POLL_INTERVAL` if set: set more with the builder, then
+    /// [`connect`](MemcachedBuilder::connect).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a URL of another form (shown
-    /// redacted).
+    /// redacted), or an `INCUMBENT_POLL_INTERVAL` that is not a duration.
     pub fn from_url(url: &str) -> Result<MemcachedBuilder> {
         let (shown, scheme, rest) = split_url(url, FORM)?;
         if scheme != "memcached" {
             return Err(wrong_scheme(&shown, FORM));
         }
-        Ok(MemcachedBackend::builder(parse(&shown, rest)?))
+        builder(&parse(&shown, rest)?)
     }
+}
+
+/// The builder for this server, with the poll interval of the environment.
+pub(crate) fn builder(address: &str) -> Result<MemcachedBuilder> {
+    MemcachedBackend::builder(address).poll_interval_from(
+        crate::secret::env(crate::backend::polled::POLL_INTERVAL_ENV),
+        super::NAME,
+    )
 }

@@ -146,6 +146,7 @@ pub(crate) fn builder(
             .or_else(|| var(name))
     };
     let mut builder = PostgresBackend::builder(config(hosts, dbname, given)?);
+    builder = builder.poll_interval_from(var(crate::backend::polled::POLL_INTERVAL_ENV), NAME)?;
     if let Some(table) = var("INCUMBENT_PG_TABLE") {
         builder = builder.table(table);
     }
@@ -420,6 +421,40 @@ mod tests {
         }
         #[cfg(not(feature = "postgres-tls"))]
         assert!(built.is_err());
+    }
+
+    #[test]
+    fn the_poll_interval_comes_from_the_environment() {
+        let poll = |value: &str| {
+            builder(
+                &["h".into()],
+                None,
+                &TlsFiles::default(),
+                vars(&[("PGUSER", "u"), ("INCUMBENT_POLL_INTERVAL", value)]),
+            )
+            .map(|b| b.poll_interval)
+        };
+        assert_eq!(
+            poll("100ms").expect("ms"),
+            std::time::Duration::from_millis(100)
+        );
+        assert_eq!(poll(" 2s ").expect("s"), std::time::Duration::from_secs(2));
+        let err = poll("fast").unwrap_err().to_string();
+        assert!(
+            err.contains("INCUMBENT_POLL_INTERVAL") && err.contains("250ms"),
+            "{err}"
+        );
+        let unset = builder(
+            &["h".into()],
+            None,
+            &TlsFiles::default(),
+            vars(&[("PGUSER", "u")]),
+        )
+        .expect("builder");
+        assert_eq!(
+            unset.poll_interval,
+            crate::backend::polled::DEFAULT_POLL_INTERVAL
+        );
     }
 
     fn config_err(pairs: &[(&str, &str)]) -> String {

@@ -62,8 +62,8 @@ impl RedisBackend {
     }
 }
 
-/// The builder for this server and database, with TLS if asked, and the credentials of the
-/// environment.
+/// The builder for this server and database, with TLS if asked, and the credentials and
+/// poll interval (`INCUMBENT_POLL_INTERVAL`) of the environment.
 pub(crate) fn builder(address: &str, db: i64, tls: bool) -> Result<RedisBuilder> {
     let mut config = RedisConfig::new(address).db(db);
     if tls {
@@ -84,7 +84,8 @@ pub(crate) fn builder(address: &str, db: i64, tls: bool) -> Result<RedisBuilder>
     if let Some(password) = password {
         config = config.password(password);
     }
-    Ok(RedisBackend::builder(config))
+    RedisBackend::builder(config)
+        .poll_interval_from(env(crate::backend::polled::POLL_INTERVAL_ENV), super::NAME)
 }
 
 /// The Redis user and password from the environment (see [`url`](crate::url)), read through

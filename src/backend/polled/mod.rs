@@ -48,6 +48,11 @@ pub const COURTESY_POLLS: u32 = 2;
 pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// How often followers poll unless [`PolledBuilder::poll_interval`] says otherwise.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The environment variable that sets the poll interval of a store built from its URL
+/// (Redis, memcached, PostgreSQL; the CLI's `--backend`), e.g. `INCUMBENT_POLL_INTERVAL=100ms`:
+/// a follower's hand-off takes about half of it, and costs one request per poll.
+pub const POLL_INTERVAL_ENV: &str = "INCUMBENT_POLL_INTERVAL";
 /// The longest poll interval a builder accepts: a follower that polls less often than once
 /// an hour is a mistake (and the instants computed from it must not overflow).
 pub const MAX_POLL_INTERVAL: Duration = Duration::from_secs(3600);
@@ -85,6 +90,39 @@ impl<C> PolledBuilder<C> {
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
+    }
+
+    /// The poll interval of [`POLL_INTERVAL_ENV`] (its value `text`) when it is set
+    /// (`250ms`, `2s`): what a store's URL form (`from_url`, the CLI's `--backend`) applies,
+    /// since the URL has no place for it. Errors:
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a value that is not a whole
+    /// number of `ms` or `s`.
+    pub(crate) fn poll_interval_from(
+        self,
+        text: Option<String>,
+        backend: &'static str,
+    ) -> Result<Self> {
+        let Some(text) = text else {
+            return Ok(self);
+        };
+        let trimmed = text.trim();
+        let parsed = match trimmed.strip_suffix("ms") {
+            Some(ms) => ms.trim().parse().ok().map(Duration::from_millis),
+            None => trimmed
+                .strip_suffix('s')
+                .and_then(|s| s.trim().parse().ok())
+                .map(Duration::from_secs),
+        };
+        match parsed {
+            Some(interval) => Ok(self.poll_interval(interval)),
+            None => Err(crate::Error::InvalidConfig {
+                backend,
+                reason: format!(
+                    "{POLL_INTERVAL_ENV}={text:?}: write a whole number of milliseconds or \
+                     seconds, e.g. 250ms or 2s"
+                ),
+            }),
+        }
     }
 
     /// Refuses a zero poll interval, and one above [`MAX_POLL_INTERVAL`].
