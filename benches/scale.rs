@@ -19,6 +19,9 @@
 //! - `consul-followers`: two backends contend for `--count` Consul elections: the blocking
 //!   queries open on the agent (TCP connections from this process) while settled.
 //!
+//! `--without-switchover` builds every election with `switchover_requests(false)` and
+//! `accept_hand_overs(false)`: what the switchover's request watch and presence records cost.
+//!
 //! Every figure is printed and appended to a CSV (`--csv`, default `target/scale.csv`) that
 //! `scripts/plot-scale` draws. Nothing is asserted. Every wait is bounded.
 
@@ -127,6 +130,9 @@ fn args() -> Args {
             "--processes" => args.processes = value().parse().unwrap_or(args.processes),
             "--idle" => args.idle = Duration::from_secs(value().parse().unwrap_or(10)),
             "--csv" => args.csv = value(),
+            "--without-switchover" => {
+                WITHOUT_SWITCHOVER.store(true, std::sync::atomic::Ordering::Relaxed)
+            }
             "--bench" => {}
             s if s.starts_with('-') => {}
             s => args.sections.push(s.to_owned()),
@@ -259,11 +265,19 @@ impl Row {
     }
 }
 
+/// `--without-switchover`: elections built with `switchover_requests(false)` and
+/// `accept_hand_overs(false)` (no request watch, no presence record), to tell their cost.
+static WITHOUT_SWITCHOVER: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 fn election<B: Backend>(backend: B, name: String, id: &str, ttl: Duration) -> Election<B> {
+    let plain = WITHOUT_SWITCHOVER.load(std::sync::atomic::Ordering::Relaxed);
     Election::builder(backend, name)
         .candidate(id)
         .ttl(ttl)
         .backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .switchover_requests(!plain)
+        .accept_hand_overs(!plain)
         .build()
         .expect("valid settings")
 }
