@@ -35,12 +35,12 @@ use tracing::Instrument;
 
 use crate::backend::{
     Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Observer, Session, SessionHealth,
-    Wakeup, lock, unix_ms_now,
+    Wakeup, unix_ms_now,
 };
 use crate::config::Config;
 use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
 use crate::fence::{Fence, Freshness};
-use crate::queue::{QueueReceiver, QueueSender, queue};
+use crate::queue::{Fanout, QueueReceiver, QueueSender, queue};
 use crate::switchover::{
     self, HandOverError, HandOverStyle, HandedOver, Request, presence_name, request_name,
 };
@@ -90,24 +90,7 @@ struct Shared {
     subscribers: Subscribers,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Subscribers(Arc<Mutex<Vec<QueueSender<LeadershipEvent>>>>);
-
-impl Subscribers {
-    fn add(&self) -> Events {
-        let (tx, rx) = queue();
-        lock(&self.0).push(tx);
-        Events { rx }
-    }
-
-    fn send(&self, event: &LeadershipEvent) {
-        lock(&self.0).retain(|s| s.send_bounded(event.clone(), EVENT_QUEUE_CAPACITY).is_ok());
-    }
-
-    fn close(&self) {
-        lock(&self.0).clear();
-    }
-}
+type Subscribers = Fanout<LeadershipEvent>;
 
 #[derive(Debug)]
 enum Command {
@@ -231,7 +214,9 @@ impl CampaignHandle {
 
     /// Another stream of the campaign's events, from now on.
     pub fn subscribe(&self) -> Events {
-        self.shared.subscribers.add()
+        Events {
+            rx: self.shared.subscribers.add(),
+        }
     }
 
     /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
@@ -357,8 +342,10 @@ pub(crate) fn spawn<B: Backend>(
         last_demotion: None,
         wakeup: backend.info().wakeup,
     });
-    let subscribers = Subscribers::default();
-    let events = subscribers.add();
+    let subscribers = Subscribers::new(EVENT_QUEUE_CAPACITY);
+    let events = Events {
+        rx: subscribers.add(),
+    };
     let request: Requester = {
         let backend = backend.clone();
         let config = config.clone();

@@ -158,6 +158,60 @@ impl<T> Drop for QueueReceiver<T> {
     }
 }
 
+/// The subscribers of a stream of events: each has a queue of its own, which keeps at most
+/// `capacity` unread items (a subscriber that reads none does not hold memory without end).
+/// A subscriber whose queue is full or gone is dropped. Cheap to clone (an `Arc` inside).
+pub(crate) struct Fanout<T> {
+    subscribers: Arc<std::sync::Mutex<Vec<QueueSender<T>>>>,
+    capacity: usize,
+}
+
+impl<T> Clone for Fanout<T> {
+    fn clone(&self) -> Self {
+        Fanout {
+            subscribers: self.subscribers.clone(),
+            capacity: self.capacity,
+        }
+    }
+}
+
+impl<T> fmt::Debug for Fanout<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fanout")
+            .field("subscribers", &lock(&self.subscribers).len())
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+impl<T: Clone> Fanout<T> {
+    /// No subscribers yet; each will keep at most `capacity` unread items.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Fanout {
+            subscribers: Arc::default(),
+            capacity,
+        }
+    }
+
+    /// A new subscriber, from now on.
+    pub(crate) fn add(&self) -> QueueReceiver<T> {
+        let (tx, rx) = queue();
+        lock(&self.subscribers).push(tx);
+        rx
+    }
+
+    /// Queues `item` for every subscriber.
+    pub(crate) fn send(&self, item: &T) {
+        let capacity = self.capacity;
+        lock(&self.subscribers).retain(|s| s.send_bounded(item.clone(), capacity).is_ok());
+    }
+
+    /// Ends every subscriber's stream (once it has read what is queued).
+    pub(crate) fn close(&self) {
+        lock(&self.subscribers).clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::queue;

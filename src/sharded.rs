@@ -55,7 +55,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
@@ -63,15 +63,14 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep_until};
 
 use crate::backend::{
-    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionHealth, lock,
-    unix_ms_now,
+    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionHealth, unix_ms_now,
 };
 use crate::backoff::Backoff;
 use crate::campaign::Events;
 use crate::config::{Config, validate_name};
 use crate::election::{Election, ElectionBuilder};
 use crate::event::{DemotionReason, LeadershipEvent};
-use crate::queue::{QueueReceiver, QueueSender, queue};
+use crate::queue::{Fanout, QueueReceiver};
 use crate::runner::{self, OnWorkerExit, Runner, WorkerOutcome};
 use crate::term::Term;
 use crate::{Error, FencingToken, Result};
@@ -546,7 +545,7 @@ impl<B: Backend> ShardedElection<B> {
             problem: None,
             terms: BTreeMap::new(),
         });
-        let subscribers = Subscribers::default();
+        let subscribers = Subscribers::new(crate::EVENT_QUEUE_CAPACITY);
         let (stop, stopped) = oneshot::channel();
         let coordinator = Coordinator {
             template: self.template.clone(),
@@ -640,7 +639,9 @@ impl ShardedRunner {
 
     /// A new stream of this process's shard events, from now on.
     pub fn subscribe(&self) -> ShardEvents {
-        self.subscribers.add()
+        ShardEvents {
+            rx: self.subscribers.add(),
+        }
     }
 
     /// Leaves the group: every shard's worker is stopped (at most the grace, never past its
@@ -679,27 +680,7 @@ impl ShardEvents {
     }
 }
 
-#[derive(Clone, Debug, Default)]
-struct Subscribers(Arc<Mutex<Vec<QueueSender<ShardEvent>>>>);
-
-impl Subscribers {
-    fn add(&self) -> ShardEvents {
-        let (tx, rx) = queue();
-        lock(&self.0).push(tx);
-        ShardEvents { rx }
-    }
-
-    fn send(&self, event: &ShardEvent) {
-        lock(&self.0).retain(|s| {
-            s.send_bounded(event.clone(), crate::EVENT_QUEUE_CAPACITY)
-                .is_ok()
-        });
-    }
-
-    fn close(&self) {
-        lock(&self.0).clear();
-    }
-}
+type Subscribers = Fanout<ShardEvent>;
 
 type Worker = Arc<dyn Fn(u32, Term) -> WorkerFuture + Send + Sync>;
 type WorkerFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;

@@ -137,6 +137,34 @@ fn print(line: &str) -> bool {
     writeln!(std::io::stdout().lock(), "{line}").is_ok()
 }
 
+/// After a failed read of the store: a transient failure is reported and tried again after
+/// `retry_in` (`Ok`), until `--fail-after` has passed since `failing_since`; any other
+/// failure ends the program.
+fn keep_trying(
+    error: incumbent::Error,
+    failing_since: &mut Option<Instant>,
+    patience: &Patience,
+    out: &Reporter,
+    retry_in: Duration,
+) -> Result<(), Failure> {
+    if !retry::is_transient(&error) {
+        return Err(Failure::from(error));
+    }
+    let since = *failing_since.get_or_insert_with(Instant::now);
+    let message = retry::describe(&error);
+    if let Some(limit) = patience.fail_after
+        && since.elapsed() >= limit
+    {
+        return Err(patience.gave_up(since.elapsed(), &message));
+    }
+    out.warn(
+        "retrying",
+        &format!("{message}; retrying in {}", human(retry_in)),
+        json!({ "error": message, "retry_in_ms": millis(retry_in) }),
+    );
+    Ok(())
+}
+
 /// `incumbent status`.
 #[derive(Clone)]
 pub struct Status {
@@ -235,22 +263,7 @@ impl WithBackend for Observe {
             // Since when the store has failed in a row (the start counts: nothing was read yet).
             let mut failing_since = Some(self.began);
             let failed = |e: incumbent::Error, failing_since: &mut Option<Instant>| {
-                if !retry::is_transient(&e) {
-                    return Err(Failure::from(e));
-                }
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                let message = retry::describe(&e);
-                if let Some(limit) = self.patience.fail_after
-                    && since.elapsed() >= limit
-                {
-                    return Err(self.patience.gave_up(since.elapsed(), &message));
-                }
-                out.warn(
-                    "retrying",
-                    &format!("{message}; retrying in {}", human(OBSERVE_RETRY)),
-                    json!({ "error": message, "retry_in_ms": millis(OBSERVE_RETRY) }),
-                );
-                Ok(())
+                keep_trying(e, failing_since, &self.patience, &out, OBSERVE_RETRY)
             };
             while let Err(e) = check_lock_directory(&backend).await {
                 failed(e, &mut failing_since)?;
@@ -994,21 +1007,7 @@ impl WithBackend for ObserveShards {
                         }
                     }
                     Err(e) => {
-                        if !retry::is_transient(&e) {
-                            return Err(Failure::from(e));
-                        }
-                        let since = *failing_since.get_or_insert_with(Instant::now);
-                        let message = retry::describe(&e);
-                        if let Some(limit) = self.patience.fail_after
-                            && since.elapsed() >= limit
-                        {
-                            return Err(self.patience.gave_up(since.elapsed(), &message));
-                        }
-                        out.warn(
-                            "retrying",
-                            &format!("{message}; retrying in {}", human(SHARD_MAP_EVERY)),
-                            json!({ "error": message, "retry_in_ms": millis(SHARD_MAP_EVERY) }),
-                        );
+                        keep_trying(e, &mut failing_since, &self.patience, &out, SHARD_MAP_EVERY)?
                     }
                 }
                 sleep(SHARD_MAP_EVERY).await;

@@ -33,17 +33,6 @@ pub fn candidate(url: &str, id: &str, ttl_ms: &str, ledger: &Path, fence: &Path)
             return 1;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("chaos candidate: start the async runtime: {e}");
-            return 1;
-        }
-    };
     let consul = matches!(url, BackendUrl::Consul { .. });
     let library = Library {
         id: id.to_owned(),
@@ -52,14 +41,34 @@ pub fn candidate(url: &str, id: &str, ttl_ms: &str, ledger: &Path, fence: &Path)
         ledger: ledger.to_path_buf(),
         fence,
     };
-    let outcome = runtime.block_on(url.connect(library));
+    run_library("chaos candidate", &url, library)
+}
+
+/// Runs `code` on the backend of `url` in a runtime of its own, until it returns; the exit
+/// code: 0, or 1 with the error on stderr after `what`.
+pub fn run_library<V>(what: &str, url: &BackendUrl, code: V) -> i32
+where
+    V: WithBackend<Output = Result<(), incumbent::Error>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{what}: start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let outcome = runtime.block_on(url.connect(code));
     // A follower on the file backend waits in `flock` on a blocking thread: dropping the
     // runtime would wait for it (as `incumbent run` does, don't).
     runtime.shutdown_background();
     match outcome {
         Ok(Ok(())) => 0,
         Ok(Err(e)) | Err(e) => {
-            eprintln!("chaos candidate: {e}");
+            eprintln!("{what}: {e}");
             1
         }
     }

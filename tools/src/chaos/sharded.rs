@@ -51,17 +51,6 @@ pub fn member(args: &[String]) -> i32 {
         eprintln!("chaos shard-member: bad arguments {args:?}");
         return 2;
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("chaos shard-member: start the async runtime: {e}");
-            return 1;
-        }
-    };
     let member = Member {
         id: id.clone(),
         shards,
@@ -70,15 +59,7 @@ pub fn member(args: &[String]) -> i32 {
         ledger: PathBuf::from(ledger),
         fence: PathBuf::from(fence),
     };
-    let outcome = runtime.block_on(url.connect(member));
-    runtime.shutdown_background();
-    match outcome {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) | Err(e) => {
-            eprintln!("chaos shard-member: {e}");
-            1
-        }
-    }
+    super::candidate::run_library("chaos shard-member", &url, member)
 }
 
 struct Member {
