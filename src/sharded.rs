@@ -758,10 +758,25 @@ impl<B: Backend> Coordinator<B> {
                     }
                 }
             }
+            const CLAIMS_PROBLEM: &str = "could not write this member's claims";
             if let Err(e) = self.rebalance(registration.as_mut()).await {
-                self.set_problem(Some(format!("could not write this member's claims: {e}")));
+                self.set_problem(Some(format!("{CLAIMS_PROBLEM}: {e}")));
+                // Written again after the back-off (the timer below), not only at the next
+                // change the slots show: the others map from these claims.
+                self.claims = None;
                 retry_at = Instant::now() + backoff.delay(attempt);
                 attempt = attempt.saturating_add(1);
+            } else if self.claims.is_some() {
+                self.status.send_if_modified(|s| {
+                    let stale = s
+                        .problem
+                        .as_deref()
+                        .is_some_and(|p| p.starts_with(CLAIMS_PROBLEM));
+                    if stale {
+                        s.problem = None;
+                    }
+                    stale
+                });
             }
             let registered = registration.is_some();
             let lost = async {

@@ -122,13 +122,20 @@ impl ServerProcess {
     /// PostgreSQL's backends) with SIGKILL and reaps it; a no-op when stopped.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            for pid in family(child.id()) {
+            let killed = family(child.id());
+            for &pid in &killed {
                 // SAFETY: kill(2) on our own unreaped child and its descendants.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
             // Fails only if it already exited; `wait` reaps it either way.
             let _ = child.kill();
             child.wait().expect("wait for killed server");
+            // The descendants are reaped by init, a moment later: until they are gone they
+            // may hold what a restart needs (PostgreSQL's backends its shared memory).
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            while killed.iter().any(|&pid| alive(pid)) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
 
@@ -152,10 +159,27 @@ impl ServerProcess {
 
     /// Kills the process if it runs, starts it again with the same arguments
     /// (so the same ports and data directory) and waits until it is ready.
+    ///
+    /// A start that fails at once is tried again, a few times, 200 ms apart: a descendant of
+    /// the killed process forked after its family was listed can outlive it for a moment
+    /// (PostgreSQL then refuses to start: "pre-existing shared memory block is still in
+    /// use").
     pub async fn restart(&mut self) {
         self.kill9();
-        self.start_child();
-        self.wait_ready().await;
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            self.start_child();
+            match self.try_wait_ready().await {
+                Ok(()) => return,
+                Err(why) => failures.push(why),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "{} did not start again after 5 tries:\n{}",
+            self.name,
+            failures.join("\n")
+        );
     }
 
     /// The last lines of the log, headed by the log's path.
@@ -282,6 +306,17 @@ fn all_threads_stopped(pid: u32) -> bool {
 }
 
 /// `pid` and its descendants, read from `/proc/*/stat` (the parent is field 4).
+/// Whether `pid` still runs (a zombie counts as gone: it holds nothing).
+fn alive(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, rest) = stat.rsplit_once(") ")?;
+            rest.chars().next()
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
 fn family(pid: u32) -> Vec<libc::pid_t> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()
