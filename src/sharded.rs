@@ -6,11 +6,13 @@
 //!
 //! 1. **registers as a member** in the store: it holds one of the group's member slots
 //!    (`<group>/.members/<i>`, an ordinary lock on its session), whose value carries its
-//!    identity, weight and the shards it claims. It follows every slot with the store's
+//!    identity, weight, the shards it claims and the shards it leads. It follows every slot with the store's
 //!    observer (a watch where the store has one), so it sees members come and go.
 //! 2. **computes the same map as everyone else** from what the slots say, with [`assign`]:
 //!    each member's quota is its share of `S` by weight (`⌊S/N⌋` or `⌈S/N⌉` with equal
-//!    weights); a member keeps the shards it already claims up to its quota, and the shards
+//!    weights); a member keeps the shards it already claims up to its quota (of two members
+//!    that claim one shard, the one that leads it keeps it, so a member whose view was stale
+//!    for a moment takes nothing from others), and the shards
 //!    left over go, in shard order, to the member that ranks highest by rendezvous hashing
 //!    among those below their quota. So a join moves only the shards the newcomer gets, and a
 //!    leave only the leaver's shards: at most `⌈S/N⌉` moves per change, with `N` the smaller
@@ -75,6 +77,10 @@ use crate::runner::{self, OnWorkerExit, Runner, WorkerOutcome};
 use crate::term::Term;
 use crate::{Error, FencingToken, Result};
 
+/// How long after a change of the shards it leads a member writes them to its slot: one
+/// write for the burst of changes a move brings.
+const HELD_DEBOUNCE: Duration = Duration::from_millis(20);
+
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 65_536;
 /// Default number of member slots: the most processes a group can spread over (raise it with
@@ -91,6 +97,11 @@ pub const WEIGHT_KEY: &str = "incumbent.weight";
 /// Metadata key of the shards a member claims: a bitmap in hex, shard `k` at bit `k % 8` of
 /// byte `k / 8`.
 pub const CLAIMS_KEY: &str = "incumbent.shards";
+/// Metadata key of the shards a member leads now (the same bitmap as [`CLAIMS_KEY`]): of
+/// two members that claim one shard, the one that leads it keeps it, so a member whose view
+/// was stale for a moment (a slot it missed, a claim it had not read) takes nothing from
+/// the shards others hold.
+pub const HELD_KEY: &str = "incumbent.held";
 /// Metadata key of the number of shards the member was built with: members built with a
 /// different number are left out of the map (and the status says so).
 pub const SHARD_COUNT_KEY: &str = "incumbent.shard_count";
@@ -114,6 +125,8 @@ pub struct ShardMember {
     pub weight: u32,
     /// The shards it claims (its part of the map as it last computed it).
     pub claims: BTreeSet<u32>,
+    /// The shards it leads, as it last wrote them ([`HELD_KEY`]).
+    pub held: BTreeSet<u32>,
     /// The member's metadata, without the keys this crate writes.
     pub metadata: BTreeMap<String, String>,
 }
@@ -138,6 +151,10 @@ impl ShardMember {
             .get(CLAIMS_KEY)
             .map(|c| decode_claims(c, shards))
             .unwrap_or_default();
+        let held = meta
+            .get(HELD_KEY)
+            .map(|c| decode_claims(c, shards))
+            .unwrap_or_default();
         let metadata = meta
             .iter()
             .filter(|(k, _)| !k.starts_with(crate::config::RESERVED_METADATA_PREFIX))
@@ -147,6 +164,7 @@ impl ShardMember {
             id: leader.candidate.id.clone(),
             weight,
             claims,
+            held,
             metadata,
         })
     }
@@ -224,12 +242,15 @@ pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
     let hashes: Vec<u64> = members.iter().map(|m| hash64(m.id.as_bytes())).collect();
     let quota = quotas(shards, members, &live, &hashes);
 
-    // The best claimant of each shard keeps it, up to its quota, highest scores first.
+    // The best claimant of each shard keeps it, up to its quota: the one that leads it, then
+    // the highest score; a member over its quota gives up what it does not lead first, then
+    // its lowest scores.
+    let rank = |i: usize, k: u32| (members[i].held.contains(&k), score(hashes[i], k));
     let mut best: Vec<Option<usize>> = vec![None; shards as usize];
     for &i in &live {
         for &k in members[i].claims.range(..shards) {
             let slot = &mut best[k as usize];
-            if slot.is_none_or(|b| score(hashes[i], k) > score(hashes[b], k)) {
+            if slot.is_none_or(|b| rank(i, k) > rank(b, k)) {
                 *slot = Some(i);
             }
         }
@@ -239,7 +260,7 @@ pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
         let mut kept: Vec<u32> = (0..shards)
             .filter(|&k| best[k as usize] == Some(i))
             .collect();
-        kept.sort_by_key(|&k| std::cmp::Reverse(score(hashes[i], k)));
+        kept.sort_by_key(|&k| std::cmp::Reverse(rank(i, k)));
         for k in kept.into_iter().take(quota[i] as usize) {
             owner[k as usize] = Some(i);
             left[i] -= 1;
@@ -264,8 +285,10 @@ pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
 }
 
 /// Each live member's quota: its share of `shards` by weight, rounded down, and the shards
-/// left over one each to the members with the largest remainders (then the most claims, so
-/// that a balanced map stays as it is; then by hash).
+/// left over one each to the members with the largest remainders, then by hash: a function
+/// of the member set alone. (Not of the claims: a member whose quota fell because another's
+/// claims grew would give up a shard it held, a move nobody needed; a sharded run on
+/// ZooKeeper moved 23 shards for a leave that needed 16.)
 fn quotas(shards: u32, members: &[ShardMember], live: &[usize], hashes: &[u64]) -> Vec<u32> {
     let total: u64 = live.iter().map(|&i| u64::from(members[i].weight)).sum();
     let mut quota = vec![0u32; members.len()];
@@ -278,8 +301,7 @@ fn quotas(shards: u32, members: &[ShardMember], live: &[usize], hashes: &[u64]) 
     let mut order: Vec<usize> = live.to_vec();
     order.sort_by_key(|&i| {
         let remainder = u64::from(shards) * u64::from(members[i].weight) % total;
-        let claims = members[i].claims.range(..shards).count();
-        std::cmp::Reverse((remainder, claims, hashes[i]))
+        std::cmp::Reverse((remainder, hashes[i]))
     });
     for &i in order.iter().take(rest as usize) {
         quota[i] += 1;
@@ -706,8 +728,8 @@ struct Coordinator<B: Backend> {
     stopping: JoinSet<()>,
     /// What each slot's observer last said.
     view: BTreeMap<u32, Leader>,
-    /// The claims last written to our slot (`None`: not yet).
-    claims: Option<BTreeSet<u32>>,
+    /// The claims and the shards led, as last written to our slot (`None`: not yet).
+    claims: Option<(BTreeSet<u32>, BTreeSet<u32>)>,
 }
 
 impl<B: Backend> Coordinator<B> {
@@ -742,6 +764,11 @@ impl<B: Backend> Coordinator<B> {
         let mut attempt = 0u32;
         let mut registration: Option<Registration<B>> = None;
         let mut retry_at = Instant::now();
+        // The shards this process leads change with its terms: written to its slot a moment
+        // after a change (one write for a burst of them), so that the others' maps prefer
+        // the holder of a shard.
+        let mut own_status = self.status.subscribe();
+        let mut held_due: Option<Instant> = None;
         loop {
             if registration.is_none() && Instant::now() >= retry_at {
                 match self.register().await {
@@ -807,6 +834,12 @@ impl<B: Backend> Coordinator<B> {
                     retry_at = Instant::now() + backoff.delay(0);
                 }
                 () = sleep_until(retry_at), if !registered || self.claims.is_none() => {}
+                Ok(()) = own_status.changed(), if held_due.is_none() => {
+                    held_due = Some(Instant::now() + HELD_DEBOUNCE);
+                }
+                () = sleep_until(held_due.unwrap_or(retry_at)), if held_due.is_some() => {
+                    held_due = None;
+                }
                 Some(_) = self.stopping.join_next(), if !self.stopping.is_empty() => {}
             }
         }
@@ -847,7 +880,7 @@ impl<B: Backend> Coordinator<B> {
             .open_session(&config.session_options())
             .await?;
         let health = session.health();
-        let candidate = self.candidate(&BTreeSet::new());
+        let candidate = self.candidate(&BTreeSet::new(), &BTreeSet::new());
         // Slots the view shows free first, then the others (the view may be stale).
         let (free, held): (Vec<u32>, Vec<u32>) =
             (0..self.max_members).partition(|s| !self.view.contains_key(s));
@@ -880,7 +913,7 @@ impl<B: Backend> Coordinator<B> {
         })
     }
 
-    fn candidate(&self, claims: &BTreeSet<u32>) -> Candidate {
+    fn candidate(&self, claims: &BTreeSet<u32>, held: &BTreeSet<u32>) -> Candidate {
         let mut candidate = self.template.config().candidate.clone();
         candidate
             .metadata
@@ -892,21 +925,31 @@ impl<B: Backend> Coordinator<B> {
             .metadata
             .insert(CLAIMS_KEY.into(), encode_claims(claims));
         candidate
+            .metadata
+            .insert(HELD_KEY.into(), encode_claims(held));
+        candidate
     }
 
     /// Computes the map from the view, and makes this process's part of it so: starts the
     /// shards it gets, stops those it no longer has, and writes its claims.
     async fn rebalance(&mut self, registration: Option<&mut Registration<B>>) -> Result<()> {
+        let me = self.me().to_owned();
+        let mine = registration.as_ref().map(|r| r.slot);
         let mut members = Vec::new();
         let mut foreign = Vec::new();
-        for leader in self.view.values() {
+        for (slot, leader) in &self.view {
+            // A slot under this member's id other than the one it holds now is its own
+            // earlier registration, still in a stale view (after its session was lost, a
+            // freeze): its claims are history, and counting them would take back shards the
+            // others took meanwhile.
+            if leader.candidate.id == me && Some(*slot) != mine {
+                continue;
+            }
             match ShardMember::from_leader(leader, self.shards) {
                 Some(m) => members.push(m),
                 None => foreign.push(leader.candidate.id.clone()),
             }
         }
-        let me = self.me().to_owned();
-        let mine = registration.as_ref().map(|r| r.slot);
         let registered =
             mine.is_some_and(|slot| self.view.get(&slot).is_some_and(|l| l.candidate.id == me));
         let target: BTreeSet<u32> = if registered {
@@ -958,16 +1001,17 @@ impl<B: Backend> Coordinator<B> {
             changed
         });
         crate::metrics::shard_members(self.group(), members.len());
+        let published = (target, self.status.borrow().owned());
         if let Some(r) = registration
-            && self.claims.as_ref() != Some(&target)
+            && self.claims.as_ref() != Some(&published)
         {
             let leader = Leader {
-                candidate: self.candidate(&target),
+                candidate: self.candidate(&published.0, &published.1),
                 fencing_token: Some(r.token),
                 since_unix_ms: Some(unix_ms_now()),
             };
             r.contender.proclaim(&leader).await?;
-            self.claims = Some(target);
+            self.claims = Some(published);
         }
         Ok(())
     }
@@ -1006,9 +1050,18 @@ async fn forward(
 ) {
     while let Some(event) = events.recv().await {
         let event = match event {
+            // A shard that moves away and back has two runners a moment apart, each with a
+            // task like this one: a late event of the older term (a lower token) must not
+            // overwrite or remove the newer one.
             LeadershipEvent::Elected(term) => {
                 status.send_modify(|s| {
-                    s.terms.insert(shard, term.clone());
+                    let newer = s
+                        .terms
+                        .get(&shard)
+                        .is_some_and(|t| t.fencing_token() > term.fencing_token());
+                    if !newer {
+                        s.terms.insert(shard, term.clone());
+                    }
                 });
                 ShardEvent::Elected { shard, term }
             }
@@ -1018,7 +1071,12 @@ async fn forward(
                 stop_by,
             } => {
                 status.send_modify(|s| {
-                    s.terms.remove(&shard);
+                    if s.terms
+                        .get(&shard)
+                        .is_some_and(|t| t.fencing_token() <= fencing_token)
+                    {
+                        s.terms.remove(&shard);
+                    }
                 });
                 ShardEvent::Demoted {
                     shard,
@@ -1069,6 +1127,7 @@ mod tests {
         ShardMember {
             id: id.into(),
             weight: 1,
+            held: BTreeSet::new(),
             claims: claims.into_iter().collect(),
             metadata: BTreeMap::new(),
         }
@@ -1222,6 +1281,23 @@ mod tests {
                 assert!(hi - lo <= 1, "balanced: {sizes:?}");
             }
         }
+    }
+
+    #[test]
+    fn of_two_claimants_the_one_that_leads_the_shard_keeps_it() {
+        // b's view was stale: it claims all four, two of which a leads.
+        let mut a = member("a", [0, 1]);
+        a.held = [0, 1].into();
+        let b = member("b", [0, 1, 2, 3]);
+        for _ in 0..2 {
+            let map = assign(4, &[a.clone(), b.clone()]);
+            assert_eq!(map, [Some(0), Some(0), Some(1), Some(1)]);
+        }
+        // Whatever the scores: swap the names, same outcome.
+        let mut b2 = member("b", [0, 1]);
+        b2.held = [0, 1].into();
+        let a2 = member("a", [0, 1, 2, 3]);
+        assert_eq!(assign(4, &[a2, b2]), [Some(1), Some(1), Some(0), Some(0)]);
     }
 
     #[test]

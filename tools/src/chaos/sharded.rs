@@ -365,7 +365,7 @@ impl Drop for Members {
 }
 
 /// Whether `map` is settled over `live`: every shard held by one of them, each within one
-/// of `S / N`, and the slots show exactly them.
+/// of `S / N`, the slots show exactly them, and each claims exactly what it holds.
 fn settled(map: &ShardMap, live: &BTreeSet<String>, shards: u32) -> bool {
     let members: BTreeSet<String> = map.members.iter().map(|m| m.id.clone()).collect();
     if &members != live || live.is_empty() {
@@ -378,9 +378,20 @@ fn settled(map: &ShardMap, live: &BTreeSet<String>, shards: u32) -> bool {
     } else {
         1
     };
-    map.holders
-        .iter()
-        .all(|h| h.as_ref().is_some_and(|h| live.contains(&h.candidate.id)))
+    // Settled means the fixed point too: each member claims exactly what it holds (a map
+    // balanced by counts can still be converging, two members trading shards).
+    let claims_held = map.members.iter().all(|m| {
+        m.claims.iter().all(|&k| {
+            map.holders[k as usize]
+                .as_ref()
+                .is_some_and(|h| h.candidate.id == m.id)
+        }) && m.claims.len() == *counts.get(&m.id).unwrap_or(&0)
+    });
+    claims_held
+        && map
+            .holders
+            .iter()
+            .all(|h| h.as_ref().is_some_and(|h| live.contains(&h.candidate.id)))
         && live
             .iter()
             .all(|id| (per..=per + extra).contains(counts.get(id).unwrap_or(&0)))
@@ -482,6 +493,22 @@ pub async fn scenario(
         let moves = before
             .as_ref()
             .map(|b| (0..shards).filter(|k| b.get(k) != map.get(k)).count());
+        // Moves between two members that own shards before and after: none is needed by a
+        // join or a leave; say which, to tell why.
+        let owners_after: BTreeSet<&String> = map.values().collect();
+        let between: Vec<String> = before
+            .as_ref()
+            .map(|b| {
+                let owners_before: BTreeSet<&String> = b.values().collect();
+                (0..shards)
+                    .filter_map(|k| {
+                        let (from, to) = (b.get(&k)?, map.get(&k)?);
+                        (from != to && owners_after.contains(from) && owners_before.contains(to))
+                            .then(|| format!("{k}: {from} -> {to}"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let n = n_before
             .min(map.values().collect::<BTreeSet<_>>().len())
             .max(1);
@@ -494,10 +521,19 @@ pub async fn scenario(
             ));
         }
         report.steps.push(format!(
-            "{what}: balanced over {} members in {:.0} ms, {} moves",
+            "{what}: balanced over {} members in {:.0} ms, {} moves{}",
             map.values().collect::<BTreeSet<_>>().len(),
             took.as_secs_f64() * 1e3,
-            moves.map_or("-".into(), |m| m.to_string())
+            moves.map_or("-".into(), |m| m.to_string()),
+            if between.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} between members that stayed: {})",
+                    between.len(),
+                    between.join(", ")
+                )
+            }
         ));
         before = Some(map);
     };
