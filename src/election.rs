@@ -145,7 +145,7 @@ impl<B: Backend> ElectionBuilder<B> {
     }
 
     /// How long a hand-over keeps the next term for its target
-    /// ([`CampaignHandle::hand_over`]): if the target has not taken office by then, the
+    /// ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)): if the target has not taken office by then, the
     /// reservation lapses and an open election follows (default: the ttl, the time a
     /// crashed leader takes to be replaced anyway). See [`switchover`](crate::switchover).
     pub fn hand_over_window(mut self, window: Duration) -> Self {
@@ -155,7 +155,7 @@ impl<B: Backend> ElectionBuilder<B> {
 
     /// Whether this candidate, while it leads, serves hand-over requests that come through
     /// the store (`incumbent switchover`, [`Election::hand_over`],
-    /// [`CampaignHandle::hand_over`] called on a follower, a candidate of higher
+    /// [`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over) called on a follower, a candidate of higher
     /// [`priority`](Self::priority)) (default: on). It costs the leader one watch of the
     /// election's request lock (`<election>/.switchover`): on memcached, one read per poll.
     pub fn switchover_requests(mut self, on: bool) -> Self {
