@@ -583,7 +583,7 @@ impl<B: Backend> ShardedElection<B> {
             running: BTreeMap::new(),
             stopping: JoinSet::new(),
             view: BTreeMap::new(),
-            claims: None,
+            published: None,
         };
         let task = tokio::spawn(coordinator.run(stopped));
         ShardedRunner {
@@ -729,7 +729,7 @@ struct Coordinator<B: Backend> {
     /// What each slot's observer last said.
     view: BTreeMap<u32, Leader>,
     /// The claims and the shards led, as last written to our slot (`None`: not yet).
-    claims: Option<(BTreeSet<u32>, BTreeSet<u32>)>,
+    published: Option<(BTreeSet<u32>, BTreeSet<u32>)>,
 }
 
 impl<B: Backend> Coordinator<B> {
@@ -774,7 +774,7 @@ impl<B: Backend> Coordinator<B> {
                 match self.register().await {
                     Ok(r) => {
                         attempt = 0;
-                        self.claims = None;
+                        self.published = None;
                         self.set_problem(None);
                         registration = Some(r);
                     }
@@ -790,10 +790,10 @@ impl<B: Backend> Coordinator<B> {
                 self.set_problem(Some(format!("{CLAIMS_PROBLEM}: {e}")));
                 // Written again after the back-off (the timer below), not only at the next
                 // change the slots show: the others map from these claims.
-                self.claims = None;
+                self.published = None;
                 retry_at = Instant::now() + backoff.delay(attempt);
                 attempt = attempt.saturating_add(1);
-            } else if self.claims.is_some() {
+            } else if self.published.is_some() {
                 self.status.send_if_modified(|s| {
                     let stale = s
                         .problem
@@ -830,10 +830,10 @@ impl<B: Backend> Coordinator<B> {
                     if let Some(r) = registration.take() {
                         let _ = r.session.close().await;
                     }
-                    self.claims = None;
+                    self.published = None;
                     retry_at = Instant::now() + backoff.delay(0);
                 }
-                () = sleep_until(retry_at), if !registered || self.claims.is_none() => {}
+                () = sleep_until(retry_at), if !registered || self.published.is_none() => {}
                 Ok(()) = own_status.changed(), if held_due.is_none() => {
                     held_due = Some(Instant::now() + HELD_DEBOUNCE);
                 }
@@ -1003,7 +1003,7 @@ impl<B: Backend> Coordinator<B> {
         crate::metrics::shard_members(self.group(), members.len());
         let published = (target, self.status.borrow().owned());
         if let Some(r) = registration
-            && self.claims.as_ref() != Some(&published)
+            && self.published.as_ref() != Some(&published)
         {
             let leader = Leader {
                 candidate: self.candidate(&published.0, &published.1),
@@ -1011,7 +1011,7 @@ impl<B: Backend> Coordinator<B> {
                 since_unix_ms: Some(unix_ms_now()),
             };
             r.contender.proclaim(&leader).await?;
-            self.claims = Some(published);
+            self.published = Some(published);
         }
         Ok(())
     }

@@ -137,6 +137,23 @@ fn print(line: &str) -> bool {
     writeln!(std::io::stdout().lock(), "{line}").is_ok()
 }
 
+/// Runs `follow` until it ends (its error is the program's), or until SIGINT or SIGTERM:
+/// `observe`'s exit code 0 either way.
+async fn until_interrupted(
+    follow: impl std::future::Future<Output = Result<(), Failure>>,
+) -> Result<u8, Failure> {
+    let mut interrupt = signal(SignalKind::interrupt())
+        .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
+    let mut terminate = signal(SignalKind::terminate())
+        .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
+    tokio::select! {
+        result = follow => result?,
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(0)
+}
+
 /// After a failed read of the store: a transient failure is reported and tried again after
 /// `retry_in` (`Ok`), until `--fail-after` has passed since `failing_since`; any other
 /// failure ends the program.
@@ -248,10 +265,6 @@ impl WithBackend for Observe {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let mut interrupt = signal(SignalKind::interrupt())
-            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
-        let mut terminate = signal(SignalKind::terminate())
-            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
         let out = self.out.for_election(&self.election);
         // A store that cannot be reached is retried (until --fail-after); any other error ends
         // the program.
@@ -344,12 +357,7 @@ impl WithBackend for Observe {
                 }
             }
         };
-        tokio::select! {
-            result = follow => result?,
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        Ok(0)
+        until_interrupted(follow).await
     }
 }
 
@@ -975,10 +983,6 @@ impl WithBackend for ObserveShards {
     type Output = Result<u8, Failure>;
 
     async fn call<B: Backend>(self, backend: B) -> Self::Output {
-        let mut interrupt = signal(SignalKind::interrupt())
-            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
-        let mut terminate = signal(SignalKind::terminate())
-            .map_err(|e| Failure::Runtime(format!("cannot handle signals: {e}")))?;
         let out = self.out.for_election(&self.group);
         let follow = async {
             let mut shown: Option<MapKey> = None;
@@ -1013,11 +1017,6 @@ impl WithBackend for ObserveShards {
                 sleep(SHARD_MAP_EVERY).await;
             }
         };
-        tokio::select! {
-            result = follow => result?,
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        Ok(0)
+        until_interrupted(follow).await
     }
 }

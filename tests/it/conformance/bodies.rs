@@ -16,6 +16,17 @@ use crate::support::events::{demoted, elected};
 
 pub const ELECTION: &str = "conformance/leader";
 
+/// The options of a session opened straight from the backend, as a campaign with `ttl`
+/// would open it.
+fn session_options(ttl: Duration, name: &str) -> SessionOptions {
+    SessionOptions {
+        ttl,
+        renew_interval: ttl / 3,
+        lock_delay: None,
+        name: name.into(),
+    }
+}
+
 fn election<B: Backend>(backend: B, id: &str, ttl: Duration) -> Election<B> {
     Election::builder(backend, ELECTION)
         .candidate(id)
@@ -424,12 +435,7 @@ pub async fn a_released_lock_goes_to_another_campaign_not_back<S: Store>() {
     let ttl = store.ttl();
     let backend = store.connect().await;
     // Two campaigns' sessions, opened with equal options as two campaigns of one election's.
-    let options = SessionOptions {
-        ttl,
-        renew_interval: ttl / 3,
-        lock_delay: None,
-        name: "conformance".into(),
-    };
+    let options = session_options(ttl, "conformance");
     let resigning = backend.open_session(&options).await.expect("a session");
     let other = backend
         .open_session(&options)
@@ -992,12 +998,7 @@ pub async fn a_release_after_a_cancelled_acquire_leaves_nothing<S: Store>() {
     let (store, _server) = S::start().await;
     let ttl = store.ttl();
     let backend = store.connect().await;
-    let options = SessionOptions {
-        ttl,
-        renew_interval: ttl / 3,
-        lock_delay: None,
-        name: "cancelled".into(),
-    };
+    let options = session_options(ttl, "cancelled");
     let session = backend.open_session(&options).await.expect("a session");
     let candidate = Candidate {
         id: "a".into(),
