@@ -131,6 +131,48 @@ macro_rules! timeout_setters {
 )]
 pub(crate) use timeout_setters;
 
+/// A store write that runs to its answer even when the future awaiting it is dropped.
+///
+/// A write whose future is dropped mid-flight may still land, and on a store that serves
+/// one client's requests concurrently (etcd's gRPC streams, HTTP connections), it may land
+/// after a delete sent later: a `release` after a cancelled `acquire` would then leave the
+/// key behind. [`run`](Self::run) spawns the write, and [`settle`](Self::settle) waits for a
+/// write still on its way, so that what follows it is ordered after it. Each write has the
+/// request timeout, so a settle is bounded.
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+pub(crate) struct Unabandoned<T> {
+    in_flight: Option<tokio::task::JoinHandle<T>>,
+}
+
+#[cfg_attr(not(any(feature = "etcd", feature = "consul")), allow(dead_code))]
+impl<T: Send + 'static> Unabandoned<T> {
+    pub(crate) fn new() -> Self {
+        Unabandoned { in_flight: None }
+    }
+
+    /// Runs `write` to its end (after any earlier write still on its way): dropping the
+    /// returned future stops the wait, not the write.
+    pub(crate) async fn run(
+        &mut self,
+        write: impl Future<Output = T> + Send + 'static,
+    ) -> std::result::Result<T, tokio::task::JoinError> {
+        self.settle().await;
+        let handle = self.in_flight.insert(tokio::spawn(write));
+        let answer = handle.await;
+        self.in_flight = None;
+        answer
+    }
+
+    /// Waits for a write whose awaiting future was dropped, if there is one: from then on,
+    /// nothing of it can land.
+    pub(crate) async fn settle(&mut self) {
+        if let Some(handle) = self.in_flight.as_mut() {
+            let _ = handle.await;
+            self.in_flight = None;
+        }
+    }
+}
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it: the backends'
 /// critical sections leave their state consistent at each step.
 pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -9,7 +9,9 @@ use super::client::{ConsulError, KvResponse, PutOptions, QueryOptions};
 use super::shared::Shared;
 use super::watch::PendingRead;
 use super::{ConsulBackend, NAME, WATCH_RETRY, error, holder, leader_of};
-use crate::backend::{Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, unix_ms_now};
+use crate::backend::{
+    Attempt, Candidate, Contender, FencingToken, Leader, LockLoss, Unabandoned, unix_ms_now,
+};
 use crate::{Error, Result};
 
 /// Tells the contenders of one session apart, for [`Shared::claim`].
@@ -60,6 +62,8 @@ pub struct ConsulContender {
     /// yet (it waits behind another contender of our session first), kept here so that
     /// dropping its future loses nothing: the index has moved past that read.
     seen: Option<Option<String>>,
+    /// The last `?acquire=` write, which runs to its answer even if its caller is dropped.
+    writing: Unabandoned<std::result::Result<bool, ConsulError>>,
 }
 
 impl std::fmt::Debug for ConsulContender {
@@ -92,6 +96,7 @@ impl ConsulContender {
             pending: PendingRead::default(),
             watch_failures: 0,
             seen: None,
+            writing: Unabandoned::new(),
         }
     }
 
@@ -125,15 +130,23 @@ impl ConsulContender {
     }
 
     /// `PUT ?acquire=`: Consul's verdict.
-    async fn put_acquire(&self, value: &[u8]) -> Result<bool> {
+    ///
+    /// The write runs to its answer even if this future is dropped (see [`Unabandoned`]):
+    /// Consul serves a client's requests concurrently, and an acquire still on its way could
+    /// otherwise land after the release that follows it.
+    async fn put_acquire(&mut self, value: Vec<u8>) -> Result<bool> {
         let options = PutOptions {
             acquire: Some(self.session.id.clone()),
             ..PutOptions::default()
         };
-        self.backend
-            .client()
-            .kv_put(&self.key, value, &options)
+        let (backend, key) = (self.backend.clone(), self.key.clone());
+        self.writing
+            .run(async move { backend.client().kv_put(&key, &value, &options).await })
             .await
+            .map_err(|e| Error::Store {
+                backend: NAME,
+                reason: format!("the acquire request failed: {e}"),
+            })?
             .map_err(error::from_client)
     }
 
@@ -146,7 +159,7 @@ impl ConsulContender {
             since_unix_ms: Some(unix_ms_now()),
         }
         .to_bytes();
-        self.put_acquire(&self.value).await
+        self.put_acquire(self.value.clone()).await
     }
 
     /// After a successful acquisition: reads the key back, and takes its modify index as the
@@ -438,7 +451,7 @@ impl Contender for ConsulContender {
             ..leader.clone()
         }
         .to_bytes();
-        if !self.put_acquire(&value).await? {
+        if !self.put_acquire(value.clone()).await? {
             return Err(Error::Store {
                 backend: NAME,
                 reason: format!(
@@ -452,6 +465,8 @@ impl Contender for ConsulContender {
     }
 
     async fn release(&mut self) -> Result<()> {
+        // An acquire whose caller was dropped may still be on its way: release after it.
+        self.writing.settle().await;
         if !self.session.claimed_by(&self.key, self.id) {
             self.held = None;
             return Ok(());

@@ -2,13 +2,17 @@
 
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 
 use super::lease::{Lease, free_key};
 use super::watch::{Follow, Seen, Start, Target, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
-use crate::backend::{Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, unix_ms_now};
+use crate::backend::{
+    Attempt, Candidate, Contender, Leader, LockLoss, SessionLoss, Unabandoned, unix_ms_now,
+};
 
 /// How many times [`EtcdContender::acquire`] writes its key when it keeps vanishing at once,
 /// before it reports an error.
@@ -49,6 +53,9 @@ pub struct EtcdContender {
     /// Whether this contender has sent a write of its key: a key of its name and lease found
     /// before that was left by an earlier contender of the lease (see [`write`](Self::write)).
     wrote: bool,
+    /// The write of our key, which runs to its answer even if `acquire` is dropped, so that
+    /// `release` deletes after it.
+    writing: Unabandoned<Result<Option<TxnResponse>>>,
     /// While following: the watch on the deletes of our predecessor and of our own key.
     waiting: Option<Waiting>,
     /// While leading: the watch on the election's range.
@@ -110,6 +117,7 @@ impl EtcdContender {
             since: None,
             won: false,
             wrote: false,
+            writing: Unabandoned::new(),
             waiting: None,
             leading: None,
             promoted: None,
@@ -169,15 +177,22 @@ impl EtcdContender {
                 Some(self.put_options()),
             )])
             .or_else([TxnOp::get(self.key.clone(), None)]);
-        let backend = &self.backend;
-        let response = backend
-            .request("writing the candidate key", || async {
-                match backend.kv().txn(txn).await {
-                    Err(e) if error::is_lease_not_found(&e) => Ok(None),
-                    other => other.map(Some),
-                }
+        let backend = self.backend.clone();
+        let response = self
+            .writing
+            .run(async move {
+                backend
+                    .request("writing the candidate key", || async {
+                        match backend.kv().txn(txn).await {
+                            Err(e) if error::is_lease_not_found(&e) => Ok(None),
+                            other => other.map(Some),
+                        }
+                    })
+                    .await
             })
-            .await?;
+            .await
+            .map_err(|e| error::store(format!("writing the candidate key failed: {e}")))??;
+        let backend = &self.backend;
         let Some(response) = response else {
             return Err(self.lease_gone().await);
         };
@@ -634,6 +649,9 @@ impl Contender for EtcdContender {
         if self.created.is_none() && !self.wrote {
             return Ok(());
         }
+        // Delete after that write's answer, not before it: etcd serves a client's requests
+        // concurrently, and a write still on its way could land after the delete.
+        self.writing.settle().await;
         let backend = &self.backend;
         backend
             .request("deleting the candidate key", || async {
