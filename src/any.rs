@@ -247,6 +247,8 @@ any_backend! {
     Memcached(crate::memcached::MemcachedBackend),
     #[cfg(feature = "postgres")]
     Postgres(crate::postgres::PostgresBackend),
+    #[cfg(feature = "kubernetes")]
+    Kubernetes(crate::kubernetes::KubernetesBackend),
 }
 
 /// Turns the backend a URL connected to into an [`AnyBackend`].
@@ -263,7 +265,8 @@ impl WithBackend for IntoAny {
 impl AnyBackend {
     /// Connects to the store `url` names (see [`BackendUrl`] for the forms: `memory:`,
     /// `file:///dir`, `etcd://host:2379`, `consul://host:8500`, `zk://host:2181`,
-    /// `redis://host:6379`, `memcached://host:11211`, `postgres://host:5432/db`); credentials and TLS files come from
+    /// `redis://host:6379`, `memcached://host:11211`, `postgres://host:5432/db`,
+    /// `k8s://namespace`); credentials and TLS files come from
     /// the environment. Tries once, like every backend's `connect`.
     ///
     /// # Errors

@@ -263,6 +263,7 @@
 //! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |
 //! | [`postgres`] | `postgres` | a lease row per election, one statement per step and no session state (PgBouncer's transaction mode works), expiry on the database's clock, tokens that survive an asynchronous failover, `LISTEN`/`NOTIFY` or polling, [`guard`](postgres::PostgresBackend::guard) for writes in your own transaction |
 //! | `memcached` | `memcached` | `add`/`gets`+`cas` on one key, an `incr` counter, polling; **best effort only**: eviction or a restart loses the lock (see its module docs) |
+//! | `kubernetes` | `kubernetes` | a `coordination.k8s.io/v1` Lease per election, `resourceVersion`-preconditioned updates, expiry judged on this process's monotonic clock as client-go judges it, a fencing token in an annotation, a watch; contends with client-go's `leaderelection` on the same Lease |
 //!
 //! [`url::BackendUrl`] picks a backend from a string at run time. Writing your own backend
 //! means implementing the contract in [`backend`].
@@ -321,6 +322,8 @@ pub use switchover::{HandOverError, HandedOver};
 pub use term::{Gap, Term, TermGuard};
 #[cfg(feature = "consul")]
 pub mod consul;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 

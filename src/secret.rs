@@ -15,7 +15,9 @@ pub(crate) const CREDENTIALS_HINT: &str = "credentials come from the environment
      ETCDCTL_USER=user:password (or ETCDCTL_USER and ETCDCTL_PASSWORD) for etcd, \
      CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE for Consul, \
      INCUMBENT_ZK_AUTH=user:password for ZooKeeper, \
-     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis (memcached has no authentication)";
+     INCUMBENT_REDIS_USER and INCUMBENT_REDIS_PASSWORD (or REDISCLI_AUTH) for Redis, \
+     the kubeconfig (KUBECONFIG) or the pod's service account for Kubernetes \
+     (memcached has no authentication)";
 
 /// An invalid URL: [`Error::InvalidConfig`] with backend `"url"`. The reason must show the
 /// URL redacted ([`redact`]), never as given.

@@ -11,6 +11,7 @@
 //! | `consul+https://host:port[/prefix]` | Consul over HTTPS | `consul` |
 //! | `consul:` or `consul:///prefix` | Consul at `CONSUL_HTTP_ADDR` (default `http://127.0.0.1:8500`) | `consul` |
 //! | `memcached://host:port` | memcached (best effort: see its module docs) | `memcached` |
+//! | `k8s://[namespace]`, `kubernetes:` | Kubernetes Leases: the kubeconfig (`KUBECONFIG`, `~/.kube/config`) else the pod's service account, in the namespace given or the configuration's; `kubernetes:` the service account and the pod's namespace only | `kubernetes` |
 //! | `redis://host:port[/db]`, `rediss://host:port[/db]` | Redis (database `db`, default 0; `rediss://`: TLS, the server's certificate checked against `INCUMBENT_REDIS_CA_FILE` or the system's roots) | `redis` (`redis-tls` for `rediss://`) |
 //! | `zk://host:port[,host:port…][/chroot]` | ZooKeeper | `zookeeper` |
 //! | `postgres://host[:port][,host[:port]…][/dbname]`, `postgresql://…`, or `postgres:` | PostgreSQL (the first host that takes writes; `postgres:`: `PGHOST`, `PGPORT` and `PGDATABASE`; TLS by `PGSSLMODE`) | `postgres` (`postgres-tls` for TLS) |
@@ -167,6 +168,13 @@ pub enum BackendUrl {
         /// The database, if given.
         dbname: Option<String>,
     },
+    /// A Kubernetes cluster's Leases (`k8s://namespace`, `kubernetes:`).
+    Kubernetes {
+        /// The pod's service account only (`kubernetes:`), never a kubeconfig.
+        in_cluster: bool,
+        /// The namespace; none: the configuration's.
+        namespace: Option<String>,
+    },
     /// A Redis server (`host:port`) and database number.
     Redis {
         /// The server's address, `host:port`.
@@ -186,7 +194,7 @@ pub trait WithBackend {
     fn call<B: Backend>(self, backend: B) -> impl Future<Output = Self::Output>;
 }
 
-const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port, postgres://host[:port][,host[:port]][/dbname] or zk://host:port[,host:port][/chroot]";
+const FORMS: &str = "use file:///dir, memory:, etcd[+https]://host:port[,host:port][/prefix], consul[+https]://host:port[/prefix], redis[s]://host:port[/db], memcached://host:port, postgres://host[:port][,host[:port]][/dbname], zk://host:port[,host:port][/chroot], k8s://[namespace] or kubernetes:";
 
 /// Each scheme goes to its store's URL form (`etcd/url.rs`, `consul/url.rs`, …); a store
 /// whose feature is not compiled in says which feature to enable.
@@ -205,6 +213,7 @@ impl FromStr for BackendUrl {
             "redis" | "rediss" => parse_redis(shown, rest, scheme == "rediss"),
             "memcached" => parse_memcached(shown, rest),
             "postgres" | "postgresql" => parse_postgres(shown, rest),
+            "k8s" | "kubernetes" => parse_kubernetes(shown, scheme, rest),
             // Only the scheme is shown: what follows may be a password (`user:password`).
             other => Err(bad(format!("unknown scheme {other:?}; {FORMS}"))),
         }
@@ -279,6 +288,18 @@ store_form!(
     },
     connect_redis(code, address: &str, db: i64, tls: bool) {
         let backend = crate::redis::url::builder(address, db, tls)?.connect().await?;
+        Ok(code.call(backend).await)
+    }
+);
+
+store_form!(
+    "kubernetes",
+    parse_kubernetes(shown: &str, scheme: &str, rest: &str) {
+        let (in_cluster, namespace) = crate::kubernetes::url::parse(shown, scheme, rest)?;
+        Ok(BackendUrl::Kubernetes { in_cluster, namespace })
+    },
+    connect_kubernetes(code, in_cluster: bool, namespace: Option<&str>) {
+        let backend = crate::kubernetes::url::builder(in_cluster, namespace).connect().await?;
         Ok(code.call(backend).await)
     }
 );
@@ -368,6 +389,12 @@ impl fmt::Display for BackendUrl {
                 write!(f, "{scheme}://{}/{db}", redact(address))
             }
             BackendUrl::Memcached { address } => write!(f, "memcached://{}", redact(address)),
+            BackendUrl::Kubernetes {
+                in_cluster: true, ..
+            } => f.write_str("kubernetes:"),
+            BackendUrl::Kubernetes { namespace, .. } => {
+                write!(f, "k8s://{}", namespace.as_deref().unwrap_or_default())
+            }
             BackendUrl::Postgres { hosts, dbname } => write!(
                 f,
                 "postgres://{}{}",
@@ -420,6 +447,14 @@ impl fmt::Debug for BackendUrl {
                 .debug_struct("Memcached")
                 .field("address", &redact(address))
                 .finish(),
+            BackendUrl::Kubernetes {
+                in_cluster,
+                namespace,
+            } => f
+                .debug_struct("Kubernetes")
+                .field("in_cluster", in_cluster)
+                .field("namespace", namespace)
+                .finish(),
             BackendUrl::Postgres { hosts, dbname } => f
                 .debug_struct("Postgres")
                 .field(
@@ -449,6 +484,7 @@ impl BackendUrl {
             BackendUrl::Zookeeper { .. } => "zookeeper",
             BackendUrl::Consul { .. } => "consul",
             BackendUrl::Memcached { .. } => "memcached",
+            BackendUrl::Kubernetes { .. } => "kubernetes",
             BackendUrl::Redis { .. } => "redis",
             BackendUrl::Postgres { .. } => "postgres",
         }
@@ -511,6 +547,10 @@ impl BackendUrl {
             }
             BackendUrl::Redis { address, db, tls } => connect_redis(code, address, *db, *tls).await,
             BackendUrl::Memcached { address } => connect_memcached(code, address).await,
+            BackendUrl::Kubernetes {
+                in_cluster,
+                namespace,
+            } => connect_kubernetes(code, *in_cluster, namespace.as_deref()).await,
             BackendUrl::Postgres { hosts, dbname } => {
                 connect_postgres(code, hosts, dbname.as_deref(), tls).await
             }

@@ -231,7 +231,12 @@ impl Drop for KeepAlive {
 /// For backends whose session is their renewal of every held key (Redis, memcached): waits
 /// until the held lock is reported lost by the renewal (`loss`, set once), or the session
 /// itself is lost. A renewal that forgets a key without a word means the session closed.
-#[cfg(any(feature = "redis", feature = "memcached", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "memcached",
+    feature = "postgres",
+    feature = "kubernetes"
+))]
 pub(crate) async fn held_key_lost(
     mut health: watch::Receiver<SessionHealth>,
     loss: Option<&mut watch::Receiver<Option<super::LockLoss>>>,

@@ -19,7 +19,12 @@
 //! read it before writing a backend.
 
 pub mod keepalive;
-#[cfg(any(feature = "redis", feature = "memcached", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "memcached",
+    feature = "postgres",
+    feature = "kubernetes"
+))]
 pub mod polled;
 pub mod pool;
 

@@ -16,6 +16,8 @@ pub mod consul;
 pub mod etcd;
 pub mod events;
 pub mod http;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
 pub mod memcached;
 pub mod net;
 pub mod postgres;

@@ -30,6 +30,11 @@ pub enum Probe {
         /// Whether the body says "ready".
         check: fn(&str) -> bool,
     },
+    /// A TCP connection to `addr` is accepted (a TLS-only server; the caller checks more).
+    Tcp {
+        /// The server's address.
+        addr: SocketAddr,
+    },
 }
 
 impl Probe {
@@ -39,6 +44,7 @@ impl Probe {
             Probe::Http { addr, path, check } => http::get(addr, path)
                 .await
                 .is_ok_and(|response| response.status == 200 && check(&response.body)),
+            Probe::Tcp { addr } => tokio::net::TcpStream::connect(addr).await.is_ok(),
         }
     }
 }

@@ -97,6 +97,10 @@ impl<C> PolledBuilder<C> {
     /// since the URL has no place for it. Errors:
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a value that is not a whole
     /// number of `ms` or `s`.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "memcached", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn poll_interval_from(
         self,
         text: Option<String>,
@@ -126,6 +130,10 @@ impl<C> PolledBuilder<C> {
     }
 
     /// Refuses a zero poll interval, and one above [`MAX_POLL_INTERVAL`].
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "memcached", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn check_poll(&self, backend: &'static str) -> Result<()> {
         let reason = if self.poll_interval.is_zero() {
             "the poll interval must be above zero (e.g. 500ms)".to_owned()
@@ -532,7 +540,7 @@ impl<S: Store> PolledBackend<S> {
 
 /// Reconnects of a store's notification connection (Redis's pub/sub, PostgreSQL's
 /// `LISTEN`): jittered, from 100 ms up to 5 s.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "kubernetes"))]
 pub(crate) const RECONNECT: crate::backoff::Backoff = crate::backoff::Backoff {
     initial: Duration::from_millis(100),
     max: Duration::from_secs(5),
@@ -540,13 +548,13 @@ pub(crate) const RECONNECT: crate::backoff::Backoff = crate::backoff::Backoff {
 
 /// The wake-ups of the keys followed in this process, bumped by a store's notification task
 /// (Redis's keyspace notifications, PostgreSQL's `NOTIFY`). Dropping it stops the task.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "kubernetes"))]
 pub(crate) struct Notifier {
     keys: Arc<Wakes>,
     _stop: tokio_util::sync::DropGuard,
 }
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "kubernetes"))]
 impl Notifier {
     /// Wake-ups that the task cancelled by `stop` bumps.
     pub(crate) fn new(keys: Arc<Wakes>, stop: tokio_util::sync::CancellationToken) -> Self {
@@ -598,7 +606,10 @@ impl Wakes {
     }
 
     /// Wakes the receivers of every key.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "kubernetes")),
+        allow(dead_code)
+    )]
     pub(crate) fn bump_all(&self) {
         let mut wakes = lock(&self.0);
         wakes.retain(|_, sender| sender.receiver_count() > 0);

@@ -270,3 +270,31 @@ conformance!(
         hand_over_to_a_named_candidate,
     ]
 );
+
+// Kubernetes: no `a_session_expired_while_waiting_never_leads` (a session is the renewal of
+// the Leases it holds, as on Redis), nor `a_loss_ends_the_term_before_the_store_is_asked_why`.
+#[cfg(feature = "kubernetes")]
+conformance!(
+    kubernetes,
+    crate::conformance::stores::Kubernetes,
+    [
+        one_leader_among_many,
+        hand_off_on_resign,
+        failover_after_the_leader_crashes,
+        a_partitioned_leader_fences_itself_and_terms_never_overlap,
+        re_election_after_the_store_restarts,
+        observe_reports_every_leader_change,
+        two_campaigns_of_one_election_never_both_lead,
+        a_released_lock_goes_to_another_campaign_not_back,
+        a_worker_ignoring_cancellation_is_stopped_before_another_leads,
+        the_status_stops_saying_leader_with_the_term,
+        the_leader_proclaims_metadata_that_everyone_reads,
+        a_campaign_stopped_as_it_begins_leaves_nothing_behind,
+        a_release_after_a_cancelled_acquire_leaves_nothing,
+        hand_over_to_a_named_candidate,
+        a_hand_over_to_a_candidate_that_is_not_live_is_refused,
+        a_hand_over_to_a_target_that_died_lapses_into_an_open_election,
+        two_concurrent_hand_overs_give_one_winner_and_one_error,
+        a_preferred_candidate_gets_the_lead,
+    ]
+);

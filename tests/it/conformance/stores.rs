@@ -680,3 +680,72 @@ impl<const LISTEN: bool> Store for Postgres<LISTEN> {
         server.process().restart().await;
     }
 }
+
+/// Kubernetes: a real `kube-apiserver` (and its etcd) per test on loopback; each candidate a
+/// client of its own, woken by its backend's watch.
+#[cfg(feature = "kubernetes")]
+#[derive(Clone)]
+pub struct Kubernetes {
+    config: incumbent::kubernetes::kube::Config,
+}
+
+#[cfg(feature = "kubernetes")]
+impl Kubernetes {
+    async fn backend(
+        config: incumbent::kubernetes::kube::Config,
+    ) -> incumbent::kubernetes::KubernetesBackend {
+        incumbent::kubernetes::KubernetesBackend::builder()
+            .config(config)
+            .connect()
+            .await
+            .expect("connect to the API server")
+    }
+}
+
+#[cfg(feature = "kubernetes")]
+impl Store for Kubernetes {
+    type Backend = incumbent::kubernetes::KubernetesBackend;
+    type Server = crate::support::kube::KubeServer;
+
+    async fn start() -> (Self, crate::support::kube::KubeServer) {
+        let server = crate::support::kube::KubeServer::start().await;
+        let config = server.config().await;
+        (Kubernetes { config }, server)
+    }
+
+    async fn connect(&self) -> incumbent::kubernetes::KubernetesBackend {
+        Self::backend(self.config.clone()).await
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    /// A backend that reaches the API server through a proxy, which the partition
+    /// black-holes (TLS passes through it untouched: the certificate names 127.0.0.1).
+    async fn connect_partitionable(&self) -> (incumbent::kubernetes::KubernetesBackend, Partition) {
+        let target = self
+            .config
+            .cluster_url
+            .authority()
+            .expect("an address")
+            .as_str()
+            .parse()
+            .expect("host:port");
+        let proxy = Arc::new(crate::support::Proxy::start(target));
+        let mut config = self.config.clone();
+        config.cluster_url = format!("https://{}", proxy.addr()).parse().expect("a URL");
+        let backend = Self::backend(config).await;
+        let switch = proxy.clone();
+        (
+            backend,
+            Partition::new(move |cut| switch.blackhole(cut), proxy),
+        )
+    }
+
+    /// Restarts the API server on the same port; etcd keeps the Leases.
+    async fn restart(server: &mut crate::support::kube::KubeServer) {
+        server.process().restart().await;
+        server.wait_serving().await;
+    }
+}
