@@ -417,25 +417,8 @@ async fn postgres_through_pgbouncer_a_killed_leader_strands_no_lock() {
     assert!(holder.contains(&second.token.to_string()), "{holder}");
 }
 
-/// libfaketime for multithreaded programs, from Debian's faketime package.
-#[cfg(feature = "postgres")]
-fn libfaketime() -> String {
-    std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|entry| entry.path().join("faketime/libfaketimeMT.so.1"))
-        .find(|path| path.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "libfaketimeMT.so.1 not found in /usr/lib/*/faketime; install the test \
-                 dependencies with `{}` (Debian's faketime)",
-                crate::support::bin::INSTALL_HINT
-            )
-        })
-        .display()
-        .to_string()
-}
+#[cfg(any(feature = "postgres", feature = "kubernetes"))]
+use crate::support::bin::libfaketime;
 
 /// The field's elector compares the application's clock with the database's, and a skewed
 /// host takes the lock early. Here the leader's wall clock runs 5 minutes behind and the
@@ -489,6 +472,67 @@ async fn postgres_candidates_with_skewed_clocks_never_overlap() {
     let second = b.first_start(Duration::from_secs(20)).await;
     let took = killed.elapsed();
     assert!(second.token > first.token, "{second:?} after {first:?}");
+    assert!(
+        took < Duration::from_secs(4),
+        "b led {took:?} after the kill; log:\n{}",
+        b.log()
+    );
+}
+
+/// client-go's bug of old (kubernetes #47671) was to compare the holder's `renewTime` with
+/// the local wall clock. Here the leader's wall clock runs a minute behind and the
+/// follower's a minute ahead (libfaketime; the monotonic clock untouched): the follower
+/// never starts while the leader lives, though the leader's `renewTime` reads two minutes
+/// old to it, and takes over within the ttl and its margin once the leader is killed, with
+/// a greater token.
+#[cfg(feature = "kubernetes")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_candidates_with_skewed_clocks_never_overlap() {
+    use incumbent::kubernetes::k8s_openapi::api::coordination::v1::Lease;
+    use incumbent::kubernetes::kube;
+
+    let server = crate::support::kube::KubeServer::start().await;
+    let faketime = libfaketime();
+    let kubeconfig = server.kubeconfig().display().to_string();
+    let skewed = |offset: &'static str| {
+        vec![
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("LD_PRELOAD", faketime.as_str()),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ]
+    };
+    let (behind, ahead) = (skewed("-60s"), skewed("+60s"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let options = ["--ttl", "2s"];
+    let url = "k8s://default";
+    let mut a = candidate(&dir, "a", url, &options, &sleeper(), None, &behind);
+    let first = a.first_start(Duration::from_secs(20)).await;
+    // The skew is in effect: the leader wrote its renewTime by its own wall clock.
+    let client = kube::Client::try_from(server.config().await).expect("a client");
+    let lease = kube::Api::<Lease>::namespaced(client, "default")
+        .get(&incumbent::kubernetes::lease_name(ELECTION))
+        .await
+        .expect("the Lease");
+    let renewed = lease.spec.and_then(|s| s.renew_time).expect("renewTime").0;
+    let skew = renewed.as_millisecond()
+        - i64::try_from(incumbent::time::unix_ms(std::time::SystemTime::now())).expect("ms");
+    assert!(
+        (-65_000..-55_000).contains(&skew),
+        "the leader's clock is {skew} ms off, not a minute behind"
+    );
+    let b = candidate(&dir, "b", url, &options, &sleeper(), None, &ahead);
+    b.watch(first.pid);
+    b.following().await;
+    sleep(Duration::from_secs(6)).await;
+    assert!(b.starts().is_empty(), "b started while a led:\n{}", b.log());
+    assert!(alive(first.pid));
+    let killed = Instant::now();
+    a.process.kill().expect("kill -9 the leader");
+    let second = b.first_start(Duration::from_secs(20)).await;
+    let took = killed.elapsed();
+    assert!(second.token > first.token, "{second:?} after {first:?}");
+    assert!(!second.watched_alive, "b started while a's command lived");
     assert!(
         took < Duration::from_secs(4),
         "b led {took:?} after the kill; log:\n{}",

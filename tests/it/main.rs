@@ -48,6 +48,8 @@ mod house;
 #[cfg(feature = "axum")]
 mod http;
 mod index_builder;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
 #[cfg(feature = "memcached")]
 mod memcached;
 #[cfg(feature = "etcd")]

@@ -73,3 +73,22 @@ pub fn nested_cargo() -> std::process::Command {
     }
     cargo
 }
+
+/// libfaketime for multithreaded programs, from Debian's faketime package.
+pub fn libfaketime() -> String {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketimeMT.so.1 not found in /usr/lib/*/faketime; install the test \
+                 dependencies with `{}` (Debian's faketime)",
+                INSTALL_HINT
+            )
+        })
+        .display()
+        .to_string()
+}

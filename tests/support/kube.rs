@@ -1,6 +1,6 @@
 //! A real Kubernetes API server on loopback: `kube-apiserver`, built from Kubernetes' own Go
 //! modules by `scripts/kube/build.sh` (run by `scripts/install-test-deps`), on an etcd of its
-//! own, with a CA and serving certificate made with `openssl`, a static admin token, and a
+//! own, with a CA and serving certificate made with `openssl` (valid from a day ago), a static admin token, and a
 //! kubeconfig for the tests' clients.
 
 use std::net::SocketAddr;
@@ -14,7 +14,7 @@ use super::bin::find_binary;
 use super::etcd::EtcdServer;
 use super::net::free_addr;
 use super::process::{Probe, ServerProcess, start_with_retries};
-use super::tls::make_certificates;
+use super::tls::make_certificates_backdated;
 
 /// How long the API server may take to serve the `default` namespace after it listens.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -51,7 +51,8 @@ impl KubeServer {
             .prefix("incumbent-kube-")
             .tempdir()
             .expect("temp dir");
-        make_certificates(dir.path());
+        // Valid from a day ago: candidates under test may run with skewed clocks.
+        make_certificates_backdated(dir.path());
         let tokens = "incumbent-admin-token,incumbent-admin,incumbent-admin,\"system:masters\"\n\
                       incumbent-user-token,incumbent-user,incumbent-user,\n";
         std::fs::write(dir.path().join("tokens.csv"), tokens).expect("write tokens");

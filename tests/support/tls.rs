@@ -11,9 +11,29 @@ use std::path::Path;
 /// Writes a CA, a server certificate for 127.0.0.1 and a client certificate into `dir`, with
 /// the `openssl` command.
 pub fn make_certificates(dir: &Path) {
+    certificates(dir, &[]);
+}
+
+/// Like [`make_certificates`], valid from a day ago for three days (openssl run under
+/// libfaketime): for servers whose clients' wall clocks are skewed by minutes.
+pub fn make_certificates_backdated(dir: &Path) {
+    let faketime = super::bin::libfaketime();
+    certificates(
+        dir,
+        &[("LD_PRELOAD", faketime.as_str()), ("FAKETIME", "-1d")],
+    );
+}
+
+fn certificates(dir: &Path, env: &[(&str, &str)]) {
+    let days = if env.is_empty() { "1" } else { "3" };
     let openssl = |args: &[&str]| {
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "1" { days } else { a })
+            .collect();
         let output = std::process::Command::new("openssl")
-            .args(args)
+            .args(&args)
+            .envs(env.iter().copied())
             .current_dir(dir)
             .output()
             .expect("run openssl (Debian: apt-get install openssl)");
