@@ -6,6 +6,7 @@
 //! cargo bench --bench failover --all-features -- etcd consul
 //! cargo bench --bench failover --features redis,memcached -- redis memcached
 //! cargo bench --bench failover --features postgres -- postgres
+//! cargo bench --bench failover --features k8s-latest -- kubernetes
 //! ```
 //!
 //! Each section prints medians and p99s over many rounds, measured in this one run, so the
@@ -21,9 +22,16 @@ mod common;
 mod consul;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
 #[cfg(feature = "memcached")]
 mod memcached;
-#[cfg(any(feature = "redis", feature = "memcached", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "memcached",
+    feature = "postgres",
+    feature = "kubernetes"
+))]
 mod polled;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -92,6 +100,12 @@ async fn main() {
         let section = Instant::now();
         postgres::run().await;
         common::took("postgres", section);
+    }
+    #[cfg(feature = "kubernetes")]
+    if wanted("kubernetes") {
+        let section = Instant::now();
+        kubernetes::run().await;
+        common::took("kubernetes", section);
     }
     println!();
     common::took("the whole run", run);

@@ -182,6 +182,8 @@ certificate and host name always checked)
 LISTEN cannot work: followers poll
   INCUMBENT_POLL_INTERVAL   Redis, memcached, PostgreSQL: how often followers poll (e.g. \
 100ms) [default: 500ms]; a hand-off takes about half of it, each poll is one request
+  KUBECONFIG                Kubernetes: the kubeconfig (its current context and namespace); \
+in a pod without one, the service account
 
 Precedence: a flag wins over the backend URL, which wins over the environment. --ca-file, \
 --cert-file and --key-file win over ETCDCTL_CACERT/CERT/KEY, CONSUL_CACERT/CLIENT_CERT/\
@@ -324,7 +326,9 @@ struct Target {
     /// ETCDCTL_ENDPOINTS), consul://host:port[/prefix], consul+https://… (TLS), consul:
     /// (CONSUL_HTTP_ADDR), zk://host:port[,host:port…][/chroot], redis://host:port[/db] (rediss:// for TLS),
     /// memcached://host:port, postgres://host[:port][,host[:port]…][/dbname] (postgres: from
-    /// PGHOST). Credentials come from the environment, never the URL.
+    /// PGHOST), k8s://[namespace] (a Lease per election; KUBECONFIG, else the pod's service
+    /// account), kubernetes: (the service account only). Credentials come from the
+    /// environment, never the URL.
     #[arg(
         long,
         env = "INCUMBENT_BACKEND",

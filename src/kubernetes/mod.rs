@@ -31,7 +31,9 @@
 //! kube-rs, this crate leaves k8s-openapi's choice of Kubernetes version to the application:
 //! add `k8s-openapi = { version = "0.29", features = ["latest"] }` (or the `v1_*` feature of
 //! the oldest API server you run) to your `Cargo.toml`; without it, k8s-openapi's build
-//! stops and says so. The Lease API is the same in every version k8s-openapi supports.
+//! stops and says so. The Lease API is the same in every version k8s-openapi supports. For
+//! a binary that has no other use for k8s-openapi (this crate's CLI), the feature
+//! `k8s-latest` picks the newest.
 //!
 //! # RBAC
 //!

@@ -56,7 +56,15 @@ struct Sighting {
     /// When its `resourceVersion` was first seen: the start of its holder's lease as this
     /// process judges it.
     changed_at: Instant,
+    /// When it was last seen, changed or not (a read, a write's answer, a watch event).
+    seen_at: Instant,
 }
+
+/// How recent a sighting must be for a read to use it instead of asking the API server. A
+/// held Lease changes at every renewal (a third of its duration), and the watch brings each
+/// change: while it does, reads cost nothing. A Lease seen longer ago (free, or its holder
+/// gone quiet, or the watch stalled) is read again.
+const FRESH: Duration = Duration::from_secs(5);
 
 /// The Leases this process deals with, by name.
 #[derive(Default)]
@@ -71,25 +79,35 @@ impl Sightings {
         if !track && !all.contains_key(&name) {
             return None;
         }
+        let now = Instant::now();
         let known = all.entry(name).or_insert_with(|| Sighting {
             lease: lease.clone(),
-            changed_at: Instant::now(),
+            changed_at: now,
+            seen_at: now,
         });
         if known.lease.metadata.resource_version != lease.metadata.resource_version {
-            *known = Sighting {
-                lease: lease.clone(),
-                changed_at: Instant::now(),
-            };
+            known.lease = lease.clone();
+            known.changed_at = now;
         }
+        known.seen_at = now;
         Some(known.clone())
     }
 
     /// [`saw`](Self::saw), for a Lease this process deals with.
     fn tracked(&self, lease: &Lease) -> Sighting {
-        self.saw(lease, true).unwrap_or_else(|| Sighting {
-            lease: lease.clone(),
-            changed_at: Instant::now(),
+        self.saw(lease, true).unwrap_or_else(|| {
+            let now = Instant::now();
+            Sighting {
+                lease: lease.clone(),
+                changed_at: now,
+                seen_at: now,
+            }
         })
+    }
+
+    /// The sighting of `name`, if it was seen within [`FRESH`].
+    fn fresh(&self, name: &str) -> Option<Sighting> {
+        self.get(name).filter(|s| s.seen_at.elapsed() < FRESH)
     }
 
     /// Forgets a deleted (or absent) Lease, if followed: it counts as free.
@@ -329,6 +347,15 @@ impl LeaseStore {
         Ok(self.sightings.tracked(&written))
     }
 
+    /// A sighting of `name` from within [`FRESH`] (the watch keeps a held Lease's fresh), or
+    /// a read.
+    async fn recent(&self, name: &str) -> Result<Option<Sighting>> {
+        match self.sightings.fresh(name) {
+            Some(sighting) => Ok(Some(sighting)),
+            None => self.fetch(name).await,
+        }
+    }
+
     /// The sighting of `name` this process has, or a fresh read.
     async fn known(&self, name: &str) -> Result<Option<Sighting>> {
         match self.sightings.get(name) {
@@ -432,14 +459,14 @@ impl Store for LeaseStore {
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
         Ok(self
-            .fetch(&lease_name(key))
+            .recent(&lease_name(key))
             .await?
             .and_then(|seen| seen.holder()))
     }
 
     async fn read_expiring(&self, key: &str) -> Result<Option<(Vec<u8>, Option<Duration>)>> {
         Ok(self
-            .fetch(&lease_name(key))
+            .recent(&lease_name(key))
             .await?
             .and_then(|seen| Some((seen.holder()?, seen.remaining()))))
     }
@@ -454,6 +481,19 @@ impl Store for LeaseStore {
     async fn acquire(&self, claim: Claim<'_>) -> Result<Acquired> {
         let name = lease_name(claim.key);
         let floor = claim.floor.min(MAX_TOKEN - 1);
+        // A Lease the watch shows held is held: no request. (A take is always preconditioned
+        // on a fresh read's version, so a stale sighting can only make us wait, until the
+        // lease runs out as judged from it, and then the read below tells.) Without this,
+        // every renewal of the holder, which the watch delivers, cost each follower a read.
+        if let Some(seen) = self.sightings.fresh(&name)
+            && let Some(value) = seen.holder()
+            && claim.escrow != Some(value.as_slice())
+        {
+            return Ok(Acquired::Held {
+                value: Some(value),
+                expires_in: seen.remaining(),
+            });
+        }
         for _ in 0..CONFLICT_TRIES {
             let seen = self.fetch(&name).await?;
             let previous = match &seen {

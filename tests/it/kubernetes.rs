@@ -314,3 +314,118 @@ async fn a_forbidden_user_is_told_which_role_it_needs() {
     );
     assert!(!message.contains("incumbent-user-token"), "{message}");
 }
+
+/// Twelve candidates, each with a client of its own, race for one Lease at once (409
+/// Conflicts for all but one write per version): exactly one leads, and when it leaves,
+/// exactly one other takes over, with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_storm_gives_one_leader() {
+    let server = KubeServer::start().await;
+    let mut campaigns = Vec::new();
+    for i in 0..12 {
+        let backend = connect(&server).await;
+        campaigns.push(election(&backend, "storm", &format!("c{i}")).campaign());
+    }
+    let leading = |campaigns: &Vec<incumbent::Campaign>| {
+        campaigns
+            .iter()
+            .filter(|c| c.status().borrow().is_leader())
+            .count()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while leading(&campaigns) == 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    // Sampled every 20 ms for two ttls: never more than one.
+    for _ in 0..(TTL * 2).as_millis() / 20 {
+        assert_eq!(leading(&campaigns), 1, "not exactly one leader");
+        sleep(Duration::from_millis(20)).await;
+    }
+    let first = campaigns
+        .iter()
+        .position(|c| c.status().borrow().is_leader())
+        .expect("a leader");
+    let token = campaigns[first]
+        .status()
+        .borrow()
+        .leader
+        .as_ref()
+        .and_then(|l| l.fencing_token)
+        .expect("a token");
+    let leaver = campaigns.remove(first);
+    leaver.shutdown().await.expect("shutdown");
+    let deadline = Instant::now() + PATIENCE;
+    while leading(&campaigns) == 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..(TTL * 2).as_millis() / 20 {
+        assert_eq!(
+            leading(&campaigns),
+            1,
+            "not exactly one leader after the hand-off"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let next = campaigns
+        .iter()
+        .find_map(|c| {
+            c.status()
+                .borrow()
+                .leader
+                .as_ref()
+                .and_then(|l| l.fencing_token)
+        })
+        .expect("a token");
+    assert!(next > token, "{next} after {token}");
+    for campaign in campaigns {
+        campaign.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A follower's watch drops (its connections reset) while it misses the leader's release:
+/// it watches again from the last version it saw, gets the release it missed, and leads at
+/// once, not at its safety-net read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_watch_misses_nothing() {
+    let server = KubeServer::start().await;
+    let leader_backend = connect(&server).await;
+    let mut a = election(&leader_backend, "dropped", "a").campaign();
+    elected(&mut a, PATIENCE).await;
+    let proxy = crate::support::Proxy::start(server.addr());
+    let mut config = server.config().await;
+    config.cluster_url = format!("https://{}", proxy.addr()).parse().expect("a URL");
+    let follower_backend = KubernetesBackend::builder()
+        .config(config)
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let mut b = election(&follower_backend, "dropped", "b").campaign();
+    let mut status = b.status();
+    timeout(PATIENCE, async {
+        while status
+            .borrow()
+            .leader
+            .as_ref()
+            .map(|l| l.candidate.id.as_str())
+            != Some("a")
+        {
+            status.changed().await.expect("status");
+        }
+    })
+    .await
+    .expect("b follows a");
+    // b hears nothing while a leaves; then its connections break.
+    proxy.blackhole(true);
+    a.shutdown().await.expect("a leaves");
+    sleep(Duration::from_millis(300)).await;
+    proxy.reset_all();
+    proxy.blackhole(false);
+    let healed = Instant::now();
+    elected(&mut b, PATIENCE).await;
+    let took = healed.elapsed();
+    assert!(
+        took < incumbent::kubernetes::SAFETY_NET_POLL / 2,
+        "b led {took:?} after its link healed: the watch missed the release"
+    );
+    b.shutdown().await.expect("shutdown");
+}

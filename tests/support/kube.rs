@@ -127,6 +127,18 @@ impl KubeServer {
         path
     }
 
+    /// A kubeconfig of the admin user that reaches the API server at `addr` (a proxy in
+    /// front of it: the certificate names 127.0.0.1, so TLS passes through).
+    pub fn kubeconfig_via(&self, addr: SocketAddr) -> PathBuf {
+        let path = self.dir.path().join(format!("kubeconfig-{}", addr.port()));
+        std::fs::write(
+            &path,
+            kubeconfig_text(self.dir.path(), addr, "incumbent-admin-token"),
+        )
+        .expect("write kubeconfig");
+        path
+    }
+
     /// The admin's client configuration.
     pub async fn config(&self) -> kube::Config {
         config_from(&self.kubeconfig).await

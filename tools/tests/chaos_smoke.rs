@@ -137,6 +137,14 @@ fn plan() -> Vec<(Backend, bool, Vec<Fault>)> {
             false,
             vec![Fault::Kill9, Fault::StoreRestart],
         ),
+        // A real kube-apiserver: the etcd behind it frozen past the ttl, the API server
+        // killed and restarted, the leader killed: the Lease's holder changes only by a
+        // preconditioned write, and the leader fences itself.
+        (
+            Backend::Kubernetes,
+            false,
+            vec![Fault::StorePause, Fault::StoreRestart, Fault::Kill9],
+        ),
     ]
 }
 

@@ -104,10 +104,14 @@ pub enum Backend {
     /// candidates), followers polling (`INCUMBENT_PG_LISTEN=off`); the store's faults hit
     /// the server behind it.
     PostgresPooled,
+    /// A real `kube-apiserver` on its own etcd, each candidate a client of its own through
+    /// its proxy: `sigstop-store` freezes the etcd behind the API server, and
+    /// `kill9-restart-store` restarts the API server.
+    Kubernetes,
 }
 
 impl Backend {
-    pub const ALL: [Backend; 13] = [
+    pub const ALL: [Backend; 14] = [
         Backend::Memory,
         Backend::File,
         Backend::Etcd,
@@ -121,6 +125,7 @@ impl Backend {
         Backend::RedisFailover,
         Backend::Postgres,
         Backend::PostgresPooled,
+        Backend::Kubernetes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -138,6 +143,7 @@ impl Backend {
             Backend::RedisFailover => "redis-failover",
             Backend::Postgres => "postgres",
             Backend::PostgresPooled => "postgres-pooled",
+            Backend::Kubernetes => "kubernetes",
         }
     }
 
@@ -164,7 +170,8 @@ impl Backend {
             | Backend::ZookeeperEnsemble
             | Backend::RedisFailover
             | Backend::Postgres
-            | Backend::PostgresPooled => Duration::from_secs(2),
+            | Backend::PostgresPooled
+            | Backend::Kubernetes => Duration::from_secs(2),
             Backend::Consul => Duration::from_secs(10),
         }
     }
@@ -187,7 +194,8 @@ impl Backend {
             | Backend::ZookeeperEnsemble
             | Backend::Redis
             | Backend::Postgres
-            | Backend::PostgresPooled => self.ttl() + Duration::from_secs(2),
+            | Backend::PostgresPooled
+            | Backend::Kubernetes => self.ttl() + Duration::from_secs(2),
             Backend::Memcached | Backend::RedisVolatile | Backend::RedisFailover => {
                 self.ttl() * 2 + Duration::from_secs(2)
             }
@@ -223,7 +231,8 @@ impl Backend {
             | Backend::RedisVolatile
             | Backend::Memcached
             | Backend::Postgres
-            | Backend::PostgresPooled => {
+            | Backend::PostgresPooled
+            | Backend::Kubernetes => {
                 let mut faults = Fault::ALL[..9].to_vec();
                 faults.push(Fault::SwitchoverDuringFault);
                 faults
@@ -478,6 +487,7 @@ enum Store {
     RedisFailover(Box<RedisFailover>),
     Postgres(PostgresServer),
     PostgresPooled(Box<(PostgresServer, PgBouncer)>),
+    Kubernetes(Box<crate::support::kube::KubeServer>),
 }
 
 impl Store {
@@ -502,6 +512,9 @@ impl Store {
                 let bouncer = PgBouncer::transaction_mode(server.addr(), 4).await;
                 Store::PostgresPooled(Box::new((server, bouncer)))
             }
+            Backend::Kubernetes => {
+                Store::Kubernetes(Box::new(crate::support::kube::KubeServer::start().await))
+            }
         }
     }
 
@@ -524,6 +537,7 @@ impl Store {
             Store::Memcached(memcached) => Some(memcached.addr()),
             Store::Postgres(postgres) => Some(postgres.addr()),
             Store::PostgresPooled(pair) => Some(pair.1.addr()),
+            Store::Kubernetes(server) => Some(server.addr()),
         }
     }
 
@@ -539,6 +553,16 @@ impl Store {
             Store::RedisFailover(pair) => Some(&mut pair.primary.process),
             Store::Postgres(postgres) => Some(postgres.process()),
             Store::PostgresPooled(pair) => Some(pair.0.process()),
+            Store::Kubernetes(server) => Some(server.process()),
+        }
+    }
+
+    /// The process a `sigstop-store` freezes: the store's, or for Kubernetes the etcd
+    /// behind the API server (the API server then answers nothing that needs storage).
+    fn paused_process(&mut self) -> Option<&mut ServerProcess> {
+        match self {
+            Store::Kubernetes(server) => Some(server.etcd().process()),
+            other => other.process(),
         }
     }
 }
@@ -943,6 +967,8 @@ impl World {
             (Store::Postgres(_) | Store::PostgresPooled(..), Some(proxy)) => {
                 format!("postgres://{}/postgres", proxy.addr())
             }
+            // The kubeconfig (KUBECONFIG, see `spawn`) points at the candidate's proxy.
+            (Store::Kubernetes(_), Some(_)) => "k8s://default".to_owned(),
             (_, None) => unreachable!("store backends have a proxy per candidate"),
         }
     }
@@ -996,6 +1022,9 @@ impl World {
             .stderr(writer.try_clone().expect("dup the stderr pipe"));
         if let Some(plant) = &self.config.plant {
             command.env(super::worker::PLANT, plant);
+        }
+        if let (Store::Kubernetes(server), Some(proxy)) = (&self.store, &self.proxies[index]) {
+            command.env("KUBECONFIG", server.kubeconfig_via(proxy.addr()));
         }
         // SAFETY: the hook only calls prctl(2), which is async-signal-safe.
         unsafe {
@@ -1183,7 +1212,7 @@ impl World {
                 signal(supervisor, libc::SIGCONT);
             }
             Fault::StorePause => {
-                let store = self.store.process().expect("a store process");
+                let store = self.store.paused_process().expect("a store process");
                 store.pause();
                 sleep(hold).await;
                 store.resume();
