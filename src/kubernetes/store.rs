@@ -553,6 +553,7 @@ impl Store for LeaseStore {
             spec.acquire_time = Some(now.clone());
             spec.renew_time = Some(now);
             spec.lease_transitions = Some(transitions);
+            let creating = seen.is_none();
             let written = match seen {
                 Some(_) => self.update(&lease).await.map(drop),
                 None => self
@@ -568,6 +569,17 @@ impl Store for LeaseStore {
                     return Ok(Acquired::Won {
                         token,
                         went_back: previous < claim.floor,
+                    });
+                }
+                // A create answered 404: the namespace itself is missing.
+                Err(Failure::Missing) if creating => {
+                    return Err(Error::Store {
+                        backend: NAME,
+                        reason: format!(
+                            "the namespace {:?} does not exist: create it, or name another \
+                             (KubernetesBuilder::namespace, k8s://namespace)",
+                            self.namespace
+                        ),
                     });
                 }
                 Err(Failure::Conflict | Failure::Missing) => continue,

@@ -429,3 +429,20 @@ async fn a_dropped_watch_misses_nothing() {
     );
     b.shutdown().await.expect("shutdown");
 }
+
+/// A namespace that does not exist is a problem the status names, not a silent wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_namespace_is_named() {
+    let server = KubeServer::start().await;
+    let backend = KubernetesBackend::builder()
+        .config(server.config().await)
+        .namespace("nowhere")
+        .connect()
+        .await
+        .expect("connect");
+    assert_eq!(backend.namespace(), "nowhere");
+    let campaign = election(&backend, "jobs", "a").campaign();
+    let problem = crate::support::events::problem(&campaign.status(), PATIENCE).await;
+    assert!(problem.contains("\"nowhere\" does not exist"), "{problem}");
+    campaign.shutdown().await.expect("shutdown");
+}
