@@ -85,7 +85,15 @@ impl Sightings {
             changed_at: now,
             seen_at: now,
         });
-        if known.lease.metadata.resource_version != lease.metadata.resource_version {
+        let (had, got) = (
+            known.lease.metadata.resource_version.as_deref(),
+            lease.metadata.resource_version.as_deref(),
+        );
+        if had != got {
+            if older(got, had) {
+                // A watch event that our own write's answer overtook: keep the newer.
+                return Some(known.clone());
+            }
             known.lease = lease.clone();
             known.changed_at = now;
         }
@@ -117,6 +125,19 @@ impl Sightings {
 
     fn get(&self, name: &str) -> Option<Sighting> {
         lock(&self.0).get(name).cloned()
+    }
+}
+
+/// Whether version `a` is older than `b`. Versions are opaque to clients, but the API
+/// server's are etcd revisions, decimal integers that only grow (its own watch cache
+/// compares them so): compared as numbers when both are, else never older.
+fn older(a: Option<&str>, b: Option<&str>) -> bool {
+    match (
+        a.and_then(|a| a.parse::<u64>().ok()),
+        b.and_then(|b| b.parse::<u64>().ok()),
+    ) {
+        (Some(a), Some(b)) => a < b,
+        _ => false,
     }
 }
 
@@ -761,6 +782,30 @@ mod tests {
         assert!(lease_name("jobs/a").starts_with("jobs-a-"));
         let long = "x/".repeat(300);
         assert!(valid_name(&lease_name(&long)));
+    }
+
+    #[test]
+    fn a_sighting_never_goes_back_to_an_older_version() {
+        let sightings = Sightings::default();
+        let lease = |version: &str, holder: &str| Lease {
+            metadata: ObjectMeta {
+                name: Some("l".into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                ..LeaseSpec::default()
+            }),
+        };
+        sightings.tracked(&lease("100", "ours"));
+        // The watch delivers the version before our write, after our write's answer.
+        let seen = sightings.tracked(&lease("99", "theirs"));
+        assert_eq!(holder_identity(&seen.lease), Some("ours"));
+        let seen = sightings.tracked(&lease("101", "next"));
+        assert_eq!(holder_identity(&seen.lease), Some("next"));
+        assert!(older(Some("9"), Some("10")));
+        assert!(!older(Some("x"), Some("10")));
     }
 
     #[test]
