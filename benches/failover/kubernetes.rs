@@ -20,8 +20,14 @@ const CRASH_ROUNDS: usize = 5;
 const GO_RETRY: &str = "200ms";
 
 async fn connect(server: &KubeServer) -> KubernetesBackend {
+    connect_with(server.config().await).await
+}
+
+/// A backend on the API server `config` names, for rounds that connect candidates by
+/// themselves.
+async fn connect_with(config: incumbent::kubernetes::kube::Config) -> KubernetesBackend {
     KubernetesBackend::builder()
-        .config(server.config().await)
+        .config(config)
         .connect()
         .await
         .expect("connect to the API server")
@@ -61,36 +67,14 @@ pub async fn run() {
             crate::switchover::rounds(members, TTL, crate::polled::SWITCHOVER_POLLED_ROUNDS).await;
         let config = server.config().await;
         let window = Duration::from_millis(500);
-        let fallback = crate::switchover::dead_target(
-            move || {
-                let config = config.clone();
-                async move {
-                    KubernetesBackend::builder()
-                        .config(config)
-                        .connect()
-                        .await
-                        .expect("connect")
-                }
-            },
-            TTL,
-            window,
-            3,
-        )
-        .await;
+        let fallback =
+            crate::switchover::dead_target(move || connect_with(config.clone()), TTL, window, 3)
+                .await;
         crate::switchover::print("kubernetes", &gaps, &calls, &fallback, window);
     }
     let config = server.config().await;
     crate::polled::crash(
-        move || {
-            let config = config.clone();
-            async move {
-                KubernetesBackend::builder()
-                    .config(config)
-                    .connect()
-                    .await
-                    .expect("connect")
-            }
-        },
+        move || connect_with(config.clone()),
         TTL,
         CRASH_ROUNDS,
         "runtime and connection dropped; followers judge the Lease run out a ttl after they saw its last renewal",
@@ -112,16 +96,7 @@ pub async fn run() {
         );
     }
     crate::polled::idle(
-        move || {
-            let config = config.clone();
-            async move {
-                KubernetesBackend::builder()
-                    .config(config)
-                    .connect()
-                    .await
-                    .expect("connect")
-            }
-        },
+        move || connect_with(config.clone()),
         TTL,
         move || requests(client.clone()),
         "from the API server's apiserver_request_total (every verb and resource; the \

@@ -49,6 +49,24 @@ async fn leases(server: &KubeServer) -> Api<Lease> {
     Api::namespaced(client, "default")
 }
 
+/// Waits until `campaign`'s status names `id` as the leader.
+async fn sees_leader(campaign: &incumbent::Campaign, id: &str) {
+    let mut status = campaign.status();
+    timeout(PATIENCE, async {
+        while status
+            .borrow()
+            .leader
+            .as_ref()
+            .map(|l| l.candidate.id.as_str())
+            != Some(id)
+        {
+            status.changed().await.expect("status");
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the status does not name {id} as the leader"));
+}
+
 /// A client-go `leaderelection` candidate (`incumbent-k8s-peer`), killed on drop; its
 /// stdout lines (`elected <id>`, `new-leader <id>`, `stopped <id>`) arrive on `lines`.
 struct GoPeer {
@@ -130,20 +148,7 @@ async fn client_go_and_incumbent_take_turns_on_one_lease() {
     let mut go = GoPeer::start(&server, "shared", "go-a");
     go.saw("elected go-a").await;
     let mut rust = election(&backend, "shared", "rust").campaign();
-    let mut status = rust.status();
-    timeout(PATIENCE, async {
-        while status
-            .borrow()
-            .leader
-            .as_ref()
-            .map(|l| l.candidate.id.as_str())
-            != Some("go-a")
-        {
-            status.changed().await.expect("status");
-        }
-    })
-    .await
-    .expect("incumbent sees the client-go holder");
+    sees_leader(&rust, "go-a").await;
     sleep(TTL * 2).await;
     assert_eq!(rust.status().borrow().role, Role::Follower, "both lead");
 
@@ -400,20 +405,7 @@ async fn a_dropped_watch_misses_nothing() {
         .await
         .expect("connect through the proxy");
     let mut b = election(&follower_backend, "dropped", "b").campaign();
-    let mut status = b.status();
-    timeout(PATIENCE, async {
-        while status
-            .borrow()
-            .leader
-            .as_ref()
-            .map(|l| l.candidate.id.as_str())
-            != Some("a")
-        {
-            status.changed().await.expect("status");
-        }
-    })
-    .await
-    .expect("b follows a");
+    sees_leader(&b, "a").await;
     // b hears nothing while a leaves; then its connections break.
     proxy.blackhole(true);
     a.shutdown().await.expect("a leaves");
