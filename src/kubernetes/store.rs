@@ -71,46 +71,27 @@ const FRESH: Duration = Duration::from_secs(5);
 struct Sightings(Mutex<HashMap<String, Sighting>>);
 
 impl Sightings {
-    /// Records `lease` as seen now (or when its version was first seen), and returns that
-    /// sighting. `track`: record it even if this Lease was not followed yet.
-    fn saw(&self, lease: &Lease, track: bool) -> Option<Sighting> {
+    /// Records `lease`, a Lease this process deals with, as seen now (its version as
+    /// changed now, unless it was seen before), and returns that sighting.
+    fn tracked(&self, lease: &Lease) -> Sighting {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        let mut all = lock(&self.0);
-        if !track && !all.contains_key(&name) {
-            return None;
-        }
         let now = Instant::now();
+        let mut all = lock(&self.0);
         let known = all.entry(name).or_insert_with(|| Sighting {
             lease: lease.clone(),
             changed_at: now,
             seen_at: now,
         });
-        let (had, got) = (
-            known.lease.metadata.resource_version.as_deref(),
-            lease.metadata.resource_version.as_deref(),
-        );
-        if had != got {
-            if older(got, had) {
-                // A watch event that our own write's answer overtook: keep the newer.
-                return Some(known.clone());
-            }
-            known.lease = lease.clone();
-            known.changed_at = now;
-        }
-        known.seen_at = now;
-        Some(known.clone())
+        known.saw(lease, now);
+        known.clone()
     }
 
-    /// [`saw`](Self::saw), for a Lease this process deals with.
-    fn tracked(&self, lease: &Lease) -> Sighting {
-        self.saw(lease, true).unwrap_or_else(|| {
-            let now = Instant::now();
-            Sighting {
-                lease: lease.clone(),
-                changed_at: now,
-                seen_at: now,
-            }
-        })
+    /// Records `lease`, from the watch, if this process deals with it.
+    fn followed(&self, lease: &Lease) {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        if let Some(known) = lock(&self.0).get_mut(name) {
+            known.saw(lease, Instant::now());
+        }
     }
 
     /// The sighting of `name`, if it was seen within [`FRESH`].
@@ -262,6 +243,23 @@ fn counter_of(lease: &Lease) -> Result<u64> {
 }
 
 impl Sighting {
+    /// This Lease, seen at `now`: a new version starts its holder's lease as judged here; an
+    /// older one (a watch event that our own write's answer overtook) changes nothing.
+    fn saw(&mut self, lease: &Lease, now: Instant) {
+        let (had, got) = (
+            self.lease.metadata.resource_version.as_deref(),
+            lease.metadata.resource_version.as_deref(),
+        );
+        if had != got {
+            if older(got, had) {
+                return;
+            }
+            self.lease = lease.clone();
+            self.changed_at = now;
+        }
+        self.seen_at = now;
+    }
+
     /// How long the holder's lease runs yet, as this process judges it; `None` when free.
     fn remaining(&self) -> Option<Duration> {
         holder_identity(&self.lease)?;
@@ -441,6 +439,14 @@ fn conflicts(name: &str) -> Error {
     }
 }
 
+/// What an acquire that did not take the Lease answers: its holder as `seen`, if any.
+fn held(seen: Option<&Sighting>) -> Acquired {
+    Acquired::Held {
+        value: seen.and_then(Sighting::holder),
+        expires_in: seen.and_then(Sighting::remaining),
+    }
+}
+
 /// A Lease spec's duration for `ttl`, in whole seconds.
 fn duration_seconds(ttl: Duration) -> i32 {
     i32::try_from(ttl.as_secs()).unwrap_or(i32::MAX).max(1)
@@ -502,37 +508,30 @@ impl Store for LeaseStore {
     async fn acquire(&self, claim: Claim<'_>) -> Result<Acquired> {
         let name = lease_name(claim.key);
         let floor = claim.floor.min(MAX_TOKEN - 1);
-        // A Lease the watch shows held is held: no request. (A take is always preconditioned
-        // on a fresh read's version, so a stale sighting can only make us wait, until the
-        // lease runs out as judged from it, and then the read below tells.) Without this,
-        // every renewal of the holder, which the watch delivers, cost each follower a read.
-        if let Some(seen) = self.sightings.fresh(&name)
-            && let Some(value) = seen.holder()
-            && claim.escrow != Some(value.as_slice())
-        {
-            return Ok(Acquired::Held {
-                value: Some(value),
-                expires_in: seen.remaining(),
-            });
-        }
+        // A Lease the watch shows held is held: no request. (Every write is preconditioned on
+        // the version it was judged by, so a stale sighting can only make us wait, until the
+        // lease runs out as judged from it, and then a read tells.) Without this, every
+        // renewal of the holder, which the watch delivers, cost each follower a read.
+        let mut cached = self
+            .sightings
+            .fresh(&name)
+            .filter(|seen| seen.holder().is_some());
         for _ in 0..CONFLICT_TRIES {
-            let seen = self.fetch(&name).await?;
-            let previous = match &seen {
-                Some(seen) => counter_of(&seen.lease)?,
-                None => 0,
+            let seen = match cached.take() {
+                Some(seen) => Some(seen),
+                None => self.fetch(&name).await?,
             };
             if let Some(seen) = &seen
                 && let Some(value) = seen.holder()
                 && claim.escrow != Some(value.as_slice())
             {
-                return Ok(Acquired::Held {
-                    value: Some(value),
-                    expires_in: seen.remaining(),
-                });
+                return Ok(held(Some(seen)));
             }
-            if previous >= MAX_TOKEN {
-                checked_token(NAME, TOKEN_ANNOTATION, previous.saturating_add(1))?;
-            }
+            // At most MAX_TOKEN (checked): the + 1 below cannot overflow.
+            let previous = match &seen {
+                Some(seen) => counter_of(&seen.lease)?,
+                None => 0,
+            };
             let token = (previous + 1).max(unix_ms_now()).max(floor + 1);
             let token = checked_token(NAME, TOKEN_ANNOTATION, token)?;
             let value = [claim.before, token.to_string().as_bytes(), claim.after].concat();
@@ -608,11 +607,7 @@ impl Store for LeaseStore {
             }
         }
         // Others keep writing: report it held by whoever holds it now.
-        let seen = self.fetch(&name).await?;
-        Ok(Acquired::Held {
-            value: seen.as_ref().and_then(Sighting::holder),
-            expires_in: seen.as_ref().and_then(Sighting::remaining),
-        })
+        Ok(held(self.fetch(&name).await?.as_ref()))
     }
 
     async fn renew(&self, held: &[Renewing], ttl: Duration) -> Result<Vec<KeyState>> {
@@ -696,7 +691,7 @@ async fn follow(api: Api<Lease>, mut version: String, sightings: Arc<Sightings>,
             match api.list(&ListParams::default()).await {
                 Ok(list) => {
                     for lease in &list.items {
-                        sightings.saw(lease, false);
+                        sightings.followed(lease);
                     }
                     version = list.metadata.resource_version.unwrap_or_default();
                     keys.bump_all();
@@ -729,7 +724,7 @@ async fn follow(api: Api<Lease>, mut version: String, sightings: Arc<Sightings>,
                         version.clone_from(v);
                     }
                     let name = lease.metadata.name.clone().unwrap_or_default();
-                    sightings.saw(&lease, false);
+                    sightings.followed(&lease);
                     keys.bump(&name);
                 }
                 Ok(WatchEvent::Deleted(lease)) => {

@@ -70,12 +70,7 @@ impl KubeServer {
             async move { process.try_wait_ready().await.map(|()| (process, addr)) }
         })
         .await;
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            kubeconfig_text(dir.path(), addr, "incumbent-admin-token"),
-        )
-        .expect("write kubeconfig");
+        let kubeconfig = write_kubeconfig(dir.path(), addr, ADMIN_TOKEN);
         let server = KubeServer {
             process,
             etcd,
@@ -121,22 +116,13 @@ impl KubeServer {
     /// A kubeconfig for the user with `token` (from the token file: `incumbent-user-token`
     /// is a user with no rights unless RBAC grants some).
     pub fn kubeconfig_for(&self, token: &str) -> PathBuf {
-        let path = self.dir.path().join(format!("kubeconfig-{token}"));
-        std::fs::write(&path, kubeconfig_text(self.dir.path(), self.addr, token))
-            .expect("write kubeconfig");
-        path
+        write_kubeconfig(self.dir.path(), self.addr, token)
     }
 
     /// A kubeconfig of the admin user that reaches the API server at `addr` (a proxy in
     /// front of it: the certificate names 127.0.0.1, so TLS passes through).
     pub fn kubeconfig_via(&self, addr: SocketAddr) -> PathBuf {
-        let path = self.dir.path().join(format!("kubeconfig-{}", addr.port()));
-        std::fs::write(
-            &path,
-            kubeconfig_text(self.dir.path(), addr, "incumbent-admin-token"),
-        )
-        .expect("write kubeconfig");
-        path
+        write_kubeconfig(self.dir.path(), addr, ADMIN_TOKEN)
     }
 
     /// The admin's client configuration.
@@ -166,6 +152,16 @@ pub async fn config_from(path: &Path) -> kube::Config {
     kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
         .await
         .expect("a config from the kubeconfig")
+}
+
+/// The admin user's token (in `system:masters`), from the token file.
+const ADMIN_TOKEN: &str = "incumbent-admin-token";
+
+/// Writes, into `dir`, a kubeconfig of the user with `token` at the API server `addr`.
+fn write_kubeconfig(dir: &Path, addr: SocketAddr, token: &str) -> PathBuf {
+    let path = dir.join(format!("kubeconfig-{}-{token}", addr.port()));
+    std::fs::write(&path, kubeconfig_text(dir, addr, token)).expect("write kubeconfig");
+    path
 }
 
 fn kubeconfig_text(dir: &Path, addr: SocketAddr, token: &str) -> String {

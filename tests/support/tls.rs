@@ -25,14 +25,11 @@ pub fn make_certificates_backdated(dir: &Path) {
 }
 
 fn certificates(dir: &Path, env: &[(&str, &str)]) {
+    // Valid for a day, or for three when made a day early.
     let days = if env.is_empty() { "1" } else { "3" };
     let openssl = |args: &[&str]| {
-        let args: Vec<&str> = args
-            .iter()
-            .map(|a| if *a == "1" { days } else { a })
-            .collect();
         let output = std::process::Command::new("openssl")
-            .args(&args)
+            .args(args)
             .envs(env.iter().copied())
             .current_dir(dir)
             .output()
@@ -52,7 +49,7 @@ fn certificates(dir: &Path, env: &[(&str, &str)]) {
                 "req",
                 "-x509",
                 "-days",
-                "1",
+                days,
                 "-subj",
                 "/CN=incumbent test CA",
             ][..],
@@ -65,7 +62,7 @@ fn certificates(dir: &Path, env: &[(&str, &str)]) {
     );
     openssl(
         &[
-            &["req", "-x509", "-days", "1", "-subj", "/CN=some other CA"][..],
+            &["req", "-x509", "-days", days, "-subj", "/CN=some other CA"][..],
             &key,
             &["-keyout", "other-ca.key", "-out", "other-ca.pem"],
         ]
@@ -97,7 +94,7 @@ fn certificates(dir: &Path, env: &[(&str, &str)]) {
             "x509",
             "-req",
             "-days",
-            "1",
+            days,
             "-in",
             &csr,
             "-CA",
