@@ -6,7 +6,11 @@
 //! cargo bench --bench handoff_process --all-features -- file    # only these sections
 //! INCUMBENT_BASELINE_BIN=/path/to/old/incumbent cargo bench --bench handoff_process --all-features -- etcd
 //! HANDOFF_ROUNDS=60 cargo bench --bench handoff_process --all-features   # rounds per section (15; at most 1000)
+//! cargo bench --bench handoff_process --features cli,zookeeper -- zookeeper   # beside kazoo
 //! ```
+//!
+//! The memcached section runs a Python `add`-polling lock beside `incumbent run`, the
+//! ZooKeeper section kazoo's `Election` recipe (`python3 -m pip install --user kazoo`).
 //!
 //! With `INCUMBENT_BASELINE_BIN`, each section also runs that build of `incumbent` (another
 //! version), its rounds interleaved with this build's, and prints both medians of the first
@@ -48,6 +52,8 @@ thread_local! {
     /// Environment for the `incumbent run` processes this thread starts (the memcached
     /// section's `INCUMBENT_POLL_INTERVAL`).
     static POLL: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Flags of `run` for the processes this thread starts (the ZooKeeper section's `--ttl`).
+    static RUN_FLAGS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A line read from a child, when it was read.
@@ -155,6 +161,7 @@ fn start(
 ) -> Proc {
     let mut child = Command::new(bin)
         .args(["--log-format", "json", "run", "--election", election])
+        .args(RUN_FLAGS.with(|f| f.borrow().clone()))
         .args(["--backend", backend, "--"])
         .args(workload.argv())
         .env_remove("RUST_LOG")
@@ -276,11 +283,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn section(name: &str, backend: &str, workload: &Workload) {
     let baseline_bin = std::env::var("INCUMBENT_BASELINE_BIN").ok();
-    let count = std::env::var("HANDOFF_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(ROUNDS)
-        .min(1000);
+    let count = rounds();
     let mut rounds = Vec::new();
     let mut baseline = Vec::new();
     for n in 0..count {
@@ -353,55 +356,110 @@ fn section(name: &str, backend: &str, workload: &Workload) {
     }
 }
 
+/// Rounds of `incumbent run` and of a peer's lock, interleaved: the first lines'
+/// microseconds after SIGTERM, ours and the peer's. `HANDOFF_ROUNDS` rounds of each.
+#[cfg(any(feature = "memcached", feature = "zookeeper"))]
+fn interleaved(
+    backend: &str,
+    workload: &Workload,
+    first_round: usize,
+    peer: &StartPeer<'_>,
+    name: impl Fn(usize) -> String,
+    settle: impl Fn() -> Duration,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for n in 0..rounds() {
+        if let Some(r) = round(BIN, backend, workload, first_round + n) {
+            ours.push(r.first_line);
+        }
+        match peer_round(peer, &name(n), settle()) {
+            Ok(first_line) => theirs.extend(first_line),
+            Err(()) => {
+                println!("the peer's program did not start");
+                break;
+            }
+        }
+    }
+    (ours, theirs)
+}
+
+/// Rounds per section: `HANDOFF_ROUNDS`, else [`ROUNDS`]; at most 1000.
+fn rounds() -> usize {
+    std::env::var("HANDOFF_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ROUNDS)
+        .min(1000)
+}
+
+/// Starts `command`, a peer's process, its stdout followed as `who`'s.
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+fn spawn_peer(mut command: Command, who: &'static str, tx: &Sender<Seen>) -> Option<Proc> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    follow(child.stdout.take()?, who, "stdout", tx.clone());
+    Some(Proc(child))
+}
+
+/// Starts one process of a peer's lock: `(name, who, lines)`.
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+type StartPeer<'a> = dyn Fn(&str, &'static str, &Sender<Seen>) -> Option<Proc> + 'a;
+
+/// One round of a peer's lock (another program): `start` a and wait for its first line,
+/// start b, wait `settle`, then SIGTERM a; the microseconds from SIGTERM to b's first line,
+/// `None` when a round gave none. `Err`: the peer did not start.
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+fn peer_round(start: &StartPeer<'_>, name: &str, settle: Duration) -> Result<Option<f64>, ()> {
+    let (tx, rx) = channel();
+    let a = start(name, "a", &tx).ok_or(())?;
+    if wait_for(&rx, "a", "stdout", None).is_none() {
+        return Ok(None);
+    }
+    let Some(b) = start(name, "b", &tx) else {
+        return Ok(None);
+    };
+    thread::sleep(settle);
+    let sigterm = Instant::now();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe {
+        libc::kill(i32::try_from(a.0.id()).unwrap_or(0), libc::SIGTERM);
+    }
+    let first_line =
+        wait_for(&rx, "b", "stdout", None).map(|at| at.duration_since(sigterm).as_secs_f64() * 1e6);
+    drop(b);
+    drop(a);
+    Ok(first_line)
+}
+
 /// The same hand-off with `etcdctl lock`, etcd's own tool, for a ratio measured in the same
 /// run: from SIGTERM of the holder (which releases the lock as it exits) to the next holder
 /// printing the lock's key (it starts no command: it prints the line itself).
 #[cfg(feature = "etcd")]
 fn etcdctl_section(endpoint: &str) {
-    let count = std::env::var("HANDOFF_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(ROUNDS)
-        .min(1000);
+    let count = rounds();
     let start = |name: &str, who: &'static str, tx: &Sender<Seen>| -> Option<Proc> {
-        let mut child = Command::new("etcdctl")
+        let mut command = Command::new("etcdctl");
+        command
             .args(["--endpoints", endpoint, "lock", name])
-            .env("ETCDCTL_API", "3")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        follow(child.stdout.take()?, who, "stdout", tx.clone());
-        Some(Proc(child))
+            .env("ETCDCTL_API", "3");
+        spawn_peer(command, who, tx)
     };
     let mut first_lines = Vec::new();
     for n in 0..count {
         let name = format!("bench/etcdctl-{n}-{}", std::process::id());
-        let (tx, rx) = channel();
-        let Some(a) = start(&name, "a", &tx) else {
-            println!(
-                "etcdctl lock: `etcdctl` did not start (bash scripts/install-test-deps installs it)"
-            );
-            return;
-        };
-        if wait_for(&rx, "a", "stdout", None).is_none() {
-            continue;
+        match peer_round(&start, &name, Duration::from_millis(200)) {
+            Ok(first_line) => first_lines.extend(first_line),
+            Err(()) => {
+                println!(
+                    "etcdctl lock: `etcdctl` did not start (bash scripts/install-test-deps installs it)"
+                );
+                return;
+            }
         }
-        let Some(b) = start(&name, "b", &tx) else {
-            continue;
-        };
-        thread::sleep(Duration::from_millis(200));
-        let sigterm = Instant::now();
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe {
-            libc::kill(i32::try_from(a.0.id()).unwrap_or(0), libc::SIGTERM);
-        }
-        if let Some(at) = wait_for(&rx, "b", "stdout", None) {
-            first_lines.push(at.duration_since(sigterm).as_secs_f64() * 1e6);
-        }
-        drop(b);
-        drop(a);
     }
     println!(
         "etcd, `etcdctl lock` (same etcd, same run): {} rounds; median from SIGTERM of the holder to the next holder's line: {:.2} ms",
@@ -413,6 +471,7 @@ fn etcdctl_section(endpoint: &str) {
 /// An `add`-polling lock in Python's standard library, the usual memcached recipe: `add`
 /// the key with a ttl every `POLL_MS`; once stored, print `up` and `touch` it every ttl/3;
 /// on SIGTERM, `delete` it and exit. `python3 peer.py HOST PORT KEY TTL_S POLL_MS`.
+#[cfg(feature = "memcached")]
 const PEER_PY: &str = r#"
 import os, signal, socket, sys, time
 host, port, key, ttl, poll = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode(), int(sys.argv[4]), int(sys.argv[5]) / 1000
@@ -486,11 +545,6 @@ fn memcached_section(
     poll_ms: u64,
     dir: &std::path::Path,
 ) {
-    let count = std::env::var("HANDOFF_ROUNDS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(ROUNDS)
-        .min(1000);
     let peer = dir.join("peer.py");
     if std::fs::write(&peer, PEER_PY).is_err() {
         return;
@@ -500,22 +554,15 @@ fn memcached_section(
         *p.borrow_mut() = vec![("INCUMBENT_POLL_INTERVAL".into(), format!("{poll_ms}ms"))]
     });
     let start_peer = |key: &str, who: &'static str, tx: &Sender<Seen>| -> Option<Proc> {
-        let mut child = Command::new("python3")
-            .arg(&peer)
-            .args([
-                &addr.ip().to_string(),
-                &addr.port().to_string(),
-                key,
-                "2",
-                &poll_ms.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        follow(child.stdout.take()?, who, "stdout", tx.clone());
-        Some(Proc(child))
+        let mut command = Command::new("python3");
+        command.arg(&peer).args([
+            &addr.ip().to_string(),
+            &addr.port().to_string(),
+            key,
+            "2",
+            &poll_ms.to_string(),
+        ]);
+        spawn_peer(command, who, tx)
     };
     // Requests per second while one holds and one follows, each kind alone.
     let idle_rate = |kind: &str| -> Option<f64> {
@@ -536,42 +583,22 @@ fn memcached_section(
         drop(a);
         Some(after.saturating_sub(before) as f64 / 3.0)
     };
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    for n in 0..count {
-        if let Some(r) = round(BIN, &backend, workload, 5000 + n) {
-            ours.push(r.first_line);
-        }
-        let key = format!("bench-peer-{n}-{}", std::process::id());
-        let (tx, rx) = channel();
-        let Some(a) = start_peer(&key, "a", &tx) else {
-            println!("memcached peer: python3 did not start");
-            break;
-        };
-        if wait_for(&rx, "a", "stdout", None).is_none() {
-            continue;
-        }
-        let Some(b) = start_peer(&key, "b", &tx) else {
-            continue;
-        };
-        // The peer polls at a fixed pace from its start: a random wait, so that SIGTERM does
-        // not fall at the same point of its cycle in every round (incumbent's polls are
-        // jittered).
+    // The peer polls at a fixed pace from its start: a random wait, so that SIGTERM does not
+    // fall at the same point of its cycle in every round (incumbent's polls are jittered).
+    let settle = || {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        thread::sleep(Duration::from_millis(200 + u64::from(nanos) % poll_ms));
-        let sigterm = Instant::now();
-        // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
-        unsafe {
-            libc::kill(i32::try_from(a.0.id()).unwrap_or(0), libc::SIGTERM);
-        }
-        if let Some(at) = wait_for(&rx, "b", "stdout", None) {
-            theirs.push(at.duration_since(sigterm).as_secs_f64() * 1e6);
-        }
-        drop(b);
-        drop(a);
-    }
+        Duration::from_millis(200 + u64::from(nanos) % poll_ms)
+    };
+    let (ours, theirs) = interleaved(
+        &backend,
+        workload,
+        5000,
+        &start_peer,
+        |n| format!("bench-peer-{n}-{}", std::process::id()),
+        settle,
+    );
     let (ours_ms, theirs_ms) = (
         median(ours.clone()) / 1000.0,
         median(theirs.clone()) / 1000.0,
@@ -592,6 +619,168 @@ fn memcached_section(
         idle_rate("peer").map_or("?".into(), |r| format!("{r:.1}")),
     );
     POLL.with(|p| p.borrow_mut().clear());
+}
+
+/// kazoo's `Election` recipe, the usual Python ZooKeeper leader election:
+/// `python3 kazoo_peer.py HOSTS PATH SESSION_TIMEOUT_S`. Prints `up` once it leads and then
+/// waits; on SIGTERM it closes its session (its node goes with it) and exits.
+#[cfg(feature = "zookeeper")]
+const KAZOO_PEER_PY: &str = r#"
+import os, signal, sys, threading
+from kazoo.client import KazooClient
+hosts, path, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+zk = KazooClient(hosts=hosts, timeout=timeout)
+zk.start()
+def stop(*_):
+    zk.stop()
+    zk.close()
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+def lead():
+    sys.stdout.write("up\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+zk.Election(path, str(os.getpid())).run(lead)
+"#;
+
+/// The CPU time a process has used so far (user and system), from `/proc/<pid>/stat`.
+#[cfg(feature = "zookeeper")]
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's name (which may hold spaces), from the third on.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some(Duration::from_millis(ticks * 1000 / per_second.max(1)))
+}
+
+/// ZooKeeper, side by side in one run with kazoo's `Election` recipe ([`KAZOO_PEER_PY`]),
+/// both at a session timeout of `TIMEOUT_S` s: from SIGTERM of the holder to the next
+/// holder's first line (rounds interleaved), and, while a holder and a follower sit idle,
+/// the packets the server received per second, the CPU each process used, and the
+/// connections the server held.
+#[cfg(feature = "zookeeper")]
+fn zookeeper_section(
+    server: &support::zookeeper::ZookeeperServer,
+    workload: &Workload,
+    dir: &std::path::Path,
+) {
+    const TIMEOUT_S: u64 = 4;
+    const IDLE: Duration = Duration::from_secs(10);
+    if Command::new("python3")
+        .args(["-c", "import kazoo"])
+        .stderr(Stdio::null())
+        .status()
+        .map_or(true, |s| !s.success())
+    {
+        println!(
+            "zookeeper: kazoo is not installed; `python3 -m pip install --user kazoo` installs it"
+        );
+        return;
+    }
+    let peer = dir.join("kazoo_peer.py");
+    if std::fs::write(&peer, KAZOO_PEER_PY).is_err() {
+        return;
+    }
+    let hosts = server.connect_string();
+    let backend = format!("zk://{hosts}");
+    RUN_FLAGS.with(|f| *f.borrow_mut() = vec!["--ttl".into(), format!("{TIMEOUT_S}s")]);
+    let start_peer = |path: &str, who: &'static str, tx: &Sender<Seen>| -> Option<Proc> {
+        let mut command = Command::new("python3");
+        command
+            .arg(&peer)
+            .args([hosts.as_str(), path, &TIMEOUT_S.to_string()]);
+        spawn_peer(command, who, tx)
+    };
+    let admin = server.admin_addr();
+    let srvr = |command: &str| -> Option<serde_json::Value> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        let body = runtime
+            .block_on(support::http::get(admin, &format!("/commands/{command}")))
+            .ok()?
+            .body;
+        serde_json::from_str(&body).ok()
+    };
+    let received = || srvr("srvr")?["server_stats"]["packets_received"].as_u64();
+    let connections = || Some(srvr("cons")?["connections"].as_array()?.len());
+    // While one holds and one follows, each kind alone: packets/s at the server, CPU ms/s of
+    // the two processes together, and the connections the server held.
+    let idle = |kind: &str| -> Option<(f64, f64, usize)> {
+        let (tx, rx) = channel();
+        let name = format!("bench-idle-{kind}-{}", std::process::id());
+        let launch = |who: &'static str| match kind {
+            "incumbent" => Some(start(BIN, &backend, &name, who, workload, &tx)),
+            _ => start_peer(&format!("/{name}"), who, &tx),
+        };
+        let a = launch("a")?;
+        wait_for(&rx, "a", "stdout", None)?;
+        let b = launch("b")?;
+        thread::sleep(Duration::from_secs(2));
+        let cpu = || Some(cpu_time(a.0.id())? + cpu_time(b.0.id())?);
+        let (packets, used) = (received()?, cpu()?);
+        thread::sleep(IDLE);
+        let (packets_after, used_after) = (received()?, cpu()?);
+        let held = connections()?;
+        drop(b);
+        drop(a);
+        let seconds = IDLE.as_secs_f64();
+        Some((
+            packets_after.saturating_sub(packets) as f64 / seconds / 2.0,
+            (used_after.saturating_sub(used)).as_secs_f64() * 1e3 / seconds / 2.0,
+            held,
+        ))
+    };
+    // Until b's node is in line (kazoo prints nothing for it).
+    let (ours, theirs) = interleaved(
+        &backend,
+        workload,
+        7000,
+        &start_peer,
+        |n| format!("/bench-kazoo-{n}-{}", std::process::id()),
+        || Duration::from_millis(500),
+    );
+    let (ours_ms, theirs_ms) = (
+        median(ours.clone()) / 1000.0,
+        median(theirs.clone()) / 1000.0,
+    );
+    println!(
+        "zookeeper, session timeout {TIMEOUT_S} s, command {}: SIGTERM of the holder to the next \
+         holder's first line, medians over interleaved rounds: incumbent run {ours_ms:.1} ms \
+         ({} rounds), kazoo Election {theirs_ms:.1} ms ({} rounds); ratio {:.2}",
+        workload.name(),
+        ours.len(),
+        theirs.len(),
+        ours_ms / theirs_ms
+    );
+    let show = |figures: Option<(f64, f64, usize)>| match figures {
+        Some((packets, cpu, held)) => {
+            format!(
+                "{packets:.2} packets/s, {cpu:.2} ms CPU/s per process, {held} connections for 2 processes"
+            )
+        }
+        None => "?".into(),
+    };
+    println!("  idle, a holder and a follower (over {IDLE:?}):");
+    println!(
+        "    incumbent run: {} [target: no more than kazoo's]",
+        show(idle("incumbent"))
+    );
+    println!("    kazoo Election: {}", show(idle("kazoo")));
+    RUN_FLAGS.with(|f| f.borrow_mut().clear());
+}
+
+/// The runtime that starts a section's server (tests/support's harness).
+#[cfg(any(feature = "etcd", feature = "memcached", feature = "zookeeper"))]
+fn server_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
 
 fn main() {
@@ -616,11 +805,7 @@ fn main() {
     }
     #[cfg(feature = "etcd")]
     if wanted("etcd") {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = server_runtime();
         let etcd = runtime.block_on(support::EtcdServer::single());
         for workload in &workloads {
             section("etcd", &format!("etcd://{}", etcd.client_addr()), workload);
@@ -630,16 +815,20 @@ fn main() {
     }
     #[cfg(feature = "memcached")]
     if wanted("memcached") {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("runtime");
+        let runtime = server_runtime();
         let server = runtime.block_on(support::memcached::MemcachedServer::start());
         let workload = workloads.last().expect("a workload");
         for poll_ms in [500, 100, 50] {
             memcached_section(server.addr(), workload, poll_ms, programs.path());
         }
+        drop(server);
+    }
+    #[cfg(feature = "zookeeper")]
+    if wanted("zookeeper") {
+        let runtime = server_runtime();
+        let server = runtime.block_on(support::zookeeper::ZookeeperServer::single());
+        let workload = workloads.last().expect("a workload");
+        zookeeper_section(&server, workload, programs.path());
         drop(server);
     }
 }

@@ -459,7 +459,7 @@ struct Engine<B: Backend> {
     /// This candidate's presence record ([`switchover`]), with the id of the session that
     /// holds it, on stores that keep no line of candidates.
     /// (A mutex only to keep the engine `Sync`: it is reached through `&mut self`.)
-    presence: Option<(String, Mutex<ContenderOf<B>>)>,
+    presence: Option<Box<(String, Mutex<ContenderOf<B>>)>>,
     /// A leader whose value names this candidate as the target of a hand-over, to take the
     /// lock over from ([`Contender::take_over`]).
     take_over_from: Option<Leader>,
@@ -564,6 +564,11 @@ impl Drop for InForce {
 }
 
 type ContenderOf<B> = <<B as Backend>::Session as Session>::Contender;
+
+/// A contender, boxed: it is handed from state to state (pursuing, leading, handing over),
+/// and a future that holds one by value holds room for it in every state, sometimes twice
+/// (an `async fn`'s argument and its local). Boxed, it is one allocation of its own size.
+type Claim<B> = Box<ContenderOf<B>>;
 
 /// How [`Engine::pursue`] ended.
 enum Pursuit<C> {
@@ -787,18 +792,27 @@ impl<B: Backend> Engine<B> {
     /// (its [`InForce`] guard) and drops the session; then the demotion is reported (an event
     /// and the status, with the panic's message as the problem) and the campaign goes on
     /// after a back-off, as after any failure.
-    async fn supervise(mut self) {
-        loop {
-            let Err(panic) = CatchUnwind(Box::pin(self.run())).await else {
-                return;
-            };
-            let message = panic_message(panic.as_ref());
-            if self.recover(message).await.is_err() {
-                self.stopped();
-                for done in self.inbox.shutdown_waiters.drain(..) {
-                    let _ = done.send(());
+    ///
+    /// Not an `async fn`: its future would keep the engine twice (the argument and its
+    /// local), and the engine is most of an idle election's task.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn's future holds its argument twice"
+    )]
+    fn supervise(mut self) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            loop {
+                let Err(panic) = CatchUnwind(Box::pin(self.run())).await else {
+                    return;
+                };
+                let message = panic_message(panic.as_ref());
+                if Box::pin(self.recover(message)).await.is_err() {
+                    self.stopped();
+                    for done in self.inbox.shutdown_waiters.drain(..) {
+                        let _ = done.send(());
+                    }
+                    return;
                 }
-                return;
             }
         }
     }
@@ -981,15 +995,15 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Everything before winning: try to acquire, wait for a change, repeat.
-    async fn pursue(&mut self, session: &B::Session) -> Pursuit<ContenderOf<B>> {
+    async fn pursue(&mut self, session: &B::Session) -> Pursuit<Claim<B>> {
         if self.inbox.yielding().is_some() {
             return Pursuit::Yield;
         }
-        let mut contender = match session
+        let mut contender: Claim<B> = match session
             .contend(&self.config.name, &self.config.candidate)
             .await
         {
-            Ok(c) => c,
+            Ok(c) => Box::new(c),
             Err(error) => {
                 tracing::warn!(%error, "could not prepare the claim");
                 return Pursuit::SessionLost;
@@ -1046,7 +1060,9 @@ impl<B: Backend> Engine<B> {
                                 fencing_token,
                                 "won on an untrusted session ({why}); starting a new session"
                             );
-                            let _ = timeout(self.config.renew_interval, contender.release()).await;
+                            let releasing =
+                                timeout(self.config.renew_interval, contender.release());
+                            let _ = Box::pin(releasing).await;
                             return Pursuit::SessionLost;
                         }
                     }
@@ -1227,7 +1243,7 @@ impl<B: Backend> Engine<B> {
     async fn lead(
         &mut self,
         session: &B::Session,
-        mut contender: ContenderOf<B>,
+        mut contender: Claim<B>,
         fencing_token: FencingToken,
     ) -> (DemotionReason, bool) {
         let mut office = self.take_office(fencing_token);
@@ -1515,7 +1531,7 @@ impl<B: Backend> Engine<B> {
     /// the lock was released.
     async fn hand_over(
         &mut self,
-        mut contender: ContenderOf<B>,
+        mut contender: Claim<B>,
         office: Office,
         end: TermEnd,
     ) -> (DemotionReason, bool) {
@@ -1597,7 +1613,7 @@ impl<B: Backend> Engine<B> {
     /// no-op once the target took it). Returns as [`hand_over`](Self::hand_over) does.
     async fn pass_on(
         &mut self,
-        mut contender: ContenderOf<B>,
+        mut contender: Claim<B>,
         transfer: Transfer,
         leader: Leader,
         health: &mut watch::Receiver<SessionHealth>,
@@ -1618,7 +1634,7 @@ impl<B: Backend> Engine<B> {
         let mut released =
             escrow || matches!(timeout(deadline, contender.release()).await, Ok(Ok(())));
         let (outcome, shutdown) = {
-            let holding = escrow.then_some(&mut contender);
+            let holding = escrow.then_some(&mut *contender);
             self.await_successor(holding, &to, window, until).await
         };
         if escrow {
@@ -1781,7 +1797,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Leaves the queue (or releases) and reports a stop.
-    async fn withdraw(&mut self, mut contender: ContenderOf<B>) -> Pursuit<ContenderOf<B>> {
+    async fn withdraw(&mut self, mut contender: Claim<B>) -> Pursuit<Claim<B>> {
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
         self.drop_presence().await;
         Pursuit::Stop
@@ -1792,9 +1808,9 @@ impl<B: Backend> Engine<B> {
     /// again when the yield ends.
     async fn step_aside(
         &mut self,
-        mut contender: ContenderOf<B>,
+        mut contender: Claim<B>,
         done: Option<oneshot::Sender<()>>,
-    ) -> Pursuit<ContenderOf<B>> {
+    ) -> Pursuit<Claim<B>> {
         match &self.stepped_aside_for {
             Some((to, _)) => {
                 tracing::info!(to = %to, "a hand-over is under way: stepping out of the line")
@@ -1824,7 +1840,7 @@ impl<B: Backend> Engine<B> {
             return;
         }
         let id = session.id();
-        if self.presence.as_ref().is_some_and(|(of, _)| *of != id) {
+        if self.presence.as_ref().is_some_and(|p| p.0 != id) {
             // The old session's: it goes with that session.
             self.presence = None;
         }
@@ -1832,11 +1848,12 @@ impl<B: Backend> Engine<B> {
         if self.presence.is_none() {
             let name = presence_name(&self.config.name, &self.config.candidate.id);
             match timeout(limit, session.contend(&name, &self.config.candidate)).await {
-                Ok(Ok(presence)) => self.presence = Some((id, Mutex::new(presence))),
+                Ok(Ok(presence)) => self.presence = Some(Box::new((id, Mutex::new(presence)))),
                 _ => return,
             }
         }
-        if let Some((_, presence)) = &mut self.presence
+        if let Some(presence) = &mut self.presence
+            && let (_, presence) = &mut **presence
             && !matches!(
                 timeout(limit, switchover::take_presence(get_mut(presence))).await,
                 Ok(true)
@@ -1851,7 +1868,9 @@ impl<B: Backend> Engine<B> {
 
     /// Gives up the presence record: this candidate is no longer live (it yields or stops).
     async fn drop_presence(&mut self) {
-        if let Some((_, mut presence)) = self.presence.take() {
+        if let Some(presence) = self.presence.take()
+            && let (_, mut presence) = *presence
+        {
             let _ = timeout(self.config.renew_deadline, get_mut(&mut presence).release()).await;
         }
     }
@@ -2144,12 +2163,47 @@ impl<O: Observer> Sightings<O> {
 
     /// The next leader the observer reports (a paced one: what one read says, at each
     /// pace). Cancel-safe: the retry time and the next read survive a drop.
+    ///
+    /// Only the wait on a live observer is inline: it is where a follower (and a leader, for
+    /// the request lock) idles, and a future holds room for its largest state. Reading at a
+    /// pace, and creating the observer again, are boxed.
     async fn next<B: Backend<Observer = O>>(
         &mut self,
         backend: &B,
         name: &str,
         config: &Config,
     ) -> Option<Leader> {
+        loop {
+            if self.pace.is_none()
+                && let Some(observer) = &mut self.observer
+            {
+                match observer.next().await {
+                    Ok(leader) => {
+                        self.failures = 0;
+                        return leader;
+                    }
+                    Err(error) => {
+                        self.observer = None;
+                        self.failed(&error, config);
+                        continue;
+                    }
+                }
+            }
+            if let Some(leader) = Box::pin(self.rarely(backend, name, config)).await {
+                return leader;
+            }
+        }
+    }
+
+    /// The paths of [`next`](Self::next) off the idle wait: a paced read (`Some`), or
+    /// observing afresh after the back-off (`None`: then wait on the observer, if there is
+    /// one now).
+    async fn rarely<B: Backend<Observer = O>>(
+        &mut self,
+        backend: &B,
+        name: &str,
+        config: &Config,
+    ) -> Option<Option<Leader>> {
         if let Some(pace) = self.pace {
             loop {
                 let due = *self.next_read.get_or_insert_with(|| Instant::now() + pace);
@@ -2157,7 +2211,7 @@ impl<O: Observer> Sightings<O> {
                 self.next_read = Some(Instant::now() + pace);
                 let read = async { backend.observe(name).await?.next().await };
                 match timeout(config.renew_deadline, read).await {
-                    Ok(Ok(leader)) => return leader,
+                    Ok(Ok(leader)) => return Some(leader),
                     Ok(Err(error)) => {
                         tracing::debug!(%error, "reading {name} failed; reading it again at the next pace")
                     }
@@ -2167,37 +2221,25 @@ impl<O: Observer> Sightings<O> {
                 }
             }
         }
-        loop {
-            let error = match &mut self.observer {
-                Some(observer) => match observer.next().await {
-                    Ok(leader) => {
-                        self.failures = 0;
-                        return leader;
-                    }
-                    Err(error) => {
-                        self.observer = None;
-                        error
-                    }
-                },
-                None => {
-                    if let Some(at) = self.retry_at {
-                        sleep_until(at).await;
-                    }
-                    match backend.observe(name).await {
-                        Ok(observer) => {
-                            self.observer = Some(observer);
-                            self.retry_at = None;
-                            continue;
-                        }
-                        Err(error) => error,
-                    }
-                }
-            };
-            let delay = config.backoff.delay(self.failures);
-            self.failures = self.failures.saturating_add(1);
-            self.retry_at = Some(Instant::now() + delay);
-            tracing::debug!(%error, retry_in = ?delay, "observing the leader failed; observing again after the back-off");
+        if let Some(at) = self.retry_at {
+            sleep_until(at).await;
         }
+        match backend.observe(name).await {
+            Ok(observer) => {
+                self.observer = Some(observer);
+                self.retry_at = None;
+            }
+            Err(error) => self.failed(&error, config),
+        }
+        None
+    }
+
+    /// Observing failed: observe again after the back-off.
+    fn failed(&mut self, error: &Error, config: &Config) {
+        let delay = config.backoff.delay(self.failures);
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at = Some(Instant::now() + delay);
+        tracing::debug!(%error, retry_in = ?delay, "observing the leader failed; observing again after the back-off");
     }
 }
 

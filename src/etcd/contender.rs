@@ -524,10 +524,12 @@ impl Contender for EtcdContender {
                 Ok(Seen::Gap) => {}
                 Err(error) => {
                     tracing::debug!(%error, "the predecessor watch broke; re-reading");
-                    waiting.follow.pause().await;
+                    Box::pin(waiting.follow.pause()).await;
                 }
             }
-            let queue = self.backend.read_queue(&self.range).await?;
+            // Boxed: `wait` is where a follower idles, and its future should hold room only
+            // for the wait on the watch.
+            let queue = Box::pin(self.backend.read_queue(&self.range)).await?;
             let present = |key: &str, created: Option<i64>| {
                 queue.candidates.iter().any(|kv| {
                     kv.key() == key.as_bytes() && created.is_none_or(|c| kv.create_revision() == c)
@@ -582,11 +584,13 @@ impl Contender for EtcdContender {
                         }
                     }
                 }
-                Ok(Seen::Gap) => self.recheck().await,
+                // Boxed: `lost` is where a leader idles, and its future should hold room
+                // only for the wait on the watch.
+                Ok(Seen::Gap) => Box::pin(self.recheck()).await,
                 Err(error) => {
                     tracing::debug!(%error, "the leader's watch broke; re-reading");
-                    follow.pause().await;
-                    self.recheck().await;
+                    Box::pin(follow.pause()).await;
+                    Box::pin(self.recheck()).await;
                 }
             }
         }

@@ -92,15 +92,17 @@ fn identity(holder: &Option<(Vec<u8>, Leader)>) -> Option<Leader> {
 
 impl Observer for EtcdObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
+        // The reads and the pause are boxed: `next` is where an idle follower (and a leader,
+        // for the request lock) waits, and its future should hold room only for the watch.
         if !self.started {
-            self.read().await?;
+            Box::pin(self.read()).await?;
             self.started = true;
             return Ok(self.holder.as_ref().map(|(_, leader)| leader.clone()));
         }
         let reported = identity(&self.holder);
         loop {
             if self.stale {
-                self.read().await?;
+                Box::pin(self.read()).await?;
                 if identity(&self.holder) != reported {
                     return Ok(self.holder.as_ref().map(|(_, leader)| leader.clone()));
                 }
@@ -116,7 +118,7 @@ impl Observer for EtcdObserver {
                 Ok(Seen::Gap) => self.stale = true,
                 Err(error) => {
                     tracing::debug!(%error, "the observer's watch broke; re-reading");
-                    follow.pause().await;
+                    Box::pin(follow.pause()).await;
                     self.follow = None;
                     self.stale = true;
                 }

@@ -304,7 +304,9 @@ impl Follow {
                 return Ok(Seen::Gap);
             }
             let message = if open.unconfirmed > 0 {
-                match timeout_at(open.deadline, open.messages.recv()).await {
+                // Boxed: only until the watch is confirmed; the idle wait below is what
+                // an election's future should hold room for.
+                match Box::pin(timeout_at(open.deadline, open.messages.recv())).await {
                     Ok(message) => message,
                     Err(_) => {
                         self.open = None;
