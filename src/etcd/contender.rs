@@ -160,7 +160,11 @@ impl EtcdContender {
     /// before our first write, by an earlier contender of the lease that left it behind (its
     /// release failed): that one is deleted, for the caller to write afresh, since a key that
     /// led once must never lead again with the same token.
-    async fn write(&mut self) -> Result<()> {
+    ///
+    /// The same transaction reads the election's range after the write: `Some(queue)` when
+    /// the key is ours to queue with (written now, or adopted), so that the acquisition
+    /// needs no second round trip.
+    async fn write(&mut self) -> Result<Option<Queue>> {
         let adopt = std::mem::replace(&mut self.wrote, true);
         // A candidate's key says nothing of a term until it wins (`mark_term`): an observer
         // must not read its campaign's start as its term's.
@@ -171,12 +175,14 @@ impl EtcdContender {
                 CompareOp::Equal,
                 0,
             )])
-            .and_then([TxnOp::put(
-                self.key.clone(),
-                self.value(None),
-                Some(self.put_options()),
-            )])
-            .or_else([TxnOp::get(self.key.clone(), None)]);
+            .and_then([
+                TxnOp::put(self.key.clone(), self.value(None), Some(self.put_options())),
+                TxnOp::get(self.range.clone(), Some(super::queue_options())),
+            ])
+            .or_else([
+                TxnOp::get(self.key.clone(), None),
+                TxnOp::get(self.range.clone(), Some(super::queue_options())),
+            ]);
         let backend = self.backend.clone();
         let response = self
             .writing
@@ -196,17 +202,32 @@ impl EtcdContender {
         let Some(response) = response else {
             return Err(self.lease_gone().await);
         };
+        // The range, read in the same transaction (after the write): the queue as of it.
+        let revision = response.header().map_or(0, |h| h.revision());
+        let mut reads = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+                _ => None,
+            });
         if response.succeeded() {
-            self.created = response.header().map(|h| h.revision());
-            return Ok(());
+            self.created = Some(revision);
+            let candidates = reads.next().unwrap_or_default();
+            return Ok(Some(Queue {
+                revision,
+                candidates,
+            }));
         }
-        let existing = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-            _ => None,
-        });
+        let existing = reads.next().and_then(|kvs| kvs.into_iter().next());
         match existing {
             Some(kv) if kv.lease() == self.lease.id && adopt => {
-                self.created = Some(kv.create_revision())
+                self.created = Some(kv.create_revision());
+                let candidates = reads.next().unwrap_or_default();
+                return Ok(Some(Queue {
+                    revision,
+                    candidates,
+                }));
             }
             Some(kv) if kv.lease() == self.lease.id => {
                 let txn = Txn::new()
@@ -232,7 +253,7 @@ impl EtcdContender {
             // Deleted in between: the caller reads, finds it missing, and writes again.
             None => {}
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Rewrites our key's value with the start of the term and its token, in the background,
@@ -419,16 +440,21 @@ impl Contender for EtcdContender {
         }
         let (mut writes, mut clearings) = (0, 0);
         let mut fresh = false;
+        let mut written = None;
         loop {
             if self.created.is_none() {
                 if writes == MAX_WRITES {
                     break;
                 }
                 writes += 1;
-                self.write().await?;
+                written = self.write().await?;
                 fresh = true;
             }
-            let queue = self.backend.read_queue(&self.range).await?;
+            // The write's own read of the range, when it made one: one round trip, not two.
+            let queue = match written.take() {
+                Some(queue) => queue,
+                None => self.backend.read_queue(&self.range).await?,
+            };
             // Our own leftovers (keys of leases this backend closed) are never queued behind:
             // after an outage, etcd may keep such a lease alive for another ttl.
             if clearings < MAX_WRITES && self.clear_leftovers(&queue).await? {

@@ -324,9 +324,7 @@ impl EtcdBackend {
 
     /// Reads the candidates of a range, oldest first, with the read's revision.
     async fn read_queue(&self, range: &str) -> Result<Queue> {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let options = queue_options();
         let mut response = self
             .request("reading the candidates", || async {
                 self.kv().get(range, Some(options)).await
@@ -380,6 +378,13 @@ impl EtcdBackend {
 }
 
 /// The candidates of one election at one revision, oldest first.
+/// How a range's candidates are read: every key of the prefix, oldest first.
+fn queue_options() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
 struct Queue {
     revision: i64,
     candidates: Vec<KeyValue>,
