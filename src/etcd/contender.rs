@@ -55,7 +55,7 @@ pub struct EtcdContender {
     wrote: bool,
     /// The write of our key, which runs to its answer even if `acquire` is dropped, so that
     /// `release` deletes after it.
-    writing: Unabandoned<Result<Option<TxnResponse>>>,
+    writing: Unabandoned<Result<Option<(TxnResponse, i64)>>>,
     /// While following: the watch on the deletes of our predecessor and of our own key.
     waiting: Option<Waiting>,
     /// While leading: the watch on the election's range.
@@ -191,7 +191,11 @@ impl EtcdContender {
                     .request("writing the candidate key", || async {
                         match backend.kv().txn(txn).await {
                             Err(e) if error::is_lease_not_found(&e) => Ok(None),
-                            other => other.map(Some),
+                            Err(e) => Err(e),
+                            Ok(response) => {
+                                let revision = response.header().map_or(0, |h| h.revision());
+                                Ok(Some((response, revision)))
+                            }
                         }
                     })
                     .await
@@ -199,11 +203,10 @@ impl EtcdContender {
             .await
             .map_err(|e| error::store(format!("writing the candidate key failed: {e}")))??;
         let backend = &self.backend;
-        let Some(response) = response else {
+        let Some((response, revision)) = response else {
             return Err(self.lease_gone().await);
         };
         // The range, read in the same transaction (after the write): the queue as of it.
-        let revision = response.header().map_or(0, |h| h.revision());
         let mut reads = response
             .op_responses()
             .into_iter()
@@ -274,12 +277,10 @@ impl EtcdContender {
                 self.value(Some(created)),
                 Some(self.put_options()),
             )]);
-        let backend = self.backend.clone();
+        let (backend, range) = (self.backend.clone(), self.range.clone());
         tokio::spawn(async move {
             let marked = backend
-                .request("marking the start of the term", || async {
-                    backend.kv().txn(txn).await
-                })
+                .batched("marking the start of the term", Some(&range), txn)
                 .await;
             if let Err(error) = marked {
                 tracing::debug!(%error, "could not mark the start of the term in the key's value");
@@ -682,11 +683,9 @@ impl Contender for EtcdContender {
         // Delete after that write's answer, not before it: etcd serves a client's requests
         // concurrently, and a write still on its way could land after the delete.
         self.writing.settle().await;
-        let backend = &self.backend;
-        backend
-            .request("deleting the candidate key", || async {
-                backend.kv().delete(self.key.clone(), None).await
-            })
+        let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
+        self.backend
+            .batched("deleting the candidate key", Some(&self.range), delete)
             .await?;
         self.forget();
         Ok(())

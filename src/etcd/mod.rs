@@ -133,6 +133,7 @@
 //! `protoc` and protobuf's well-known types (Debian and Ubuntu: `apt-get install
 //! protobuf-compiler libprotobuf-dev`; or set `PROTOC` to a protoc binary).
 
+mod batch;
 mod builder;
 mod contender;
 mod error;
@@ -149,7 +150,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-use etcd_client::{Client, GetOptions, KeyValue, KvClient, LeaseClient, SortOrder, SortTarget};
+use etcd_client::{
+    Client, GetOptions, KeyValue, KvClient, LeaseClient, SortOrder, SortTarget, Txn, TxnResponse,
+};
 
 pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_REQUEST_TIMEOUT, EtcdBuilder};
 pub use contender::EtcdContender;
@@ -202,7 +205,9 @@ struct Inner {
     /// The one watch stream that every watch of this backend shares.
     watches: watch::Hub,
     /// One permit per request that may be in flight ([`MAX_REQUESTS_IN_FLIGHT`]).
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
+    /// Transactions waiting for a slot, to go out together ([`batch`]).
+    batch: batch::Batch,
     /// The leases this backend granted and has since closed or dropped, newest last, at most
     /// [`ABANDONED_LEASES_KEPT`]: a key bound to one of them is a leftover of ours, never a
     /// live candidate.
@@ -275,7 +280,8 @@ impl EtcdBackend {
                 settings,
                 leases: SessionPool::default(),
                 watches: watch::Hub::default(),
-                slots: Semaphore::new(MAX_REQUESTS_IN_FLIGHT),
+                slots: Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
+                batch: batch::Batch::default(),
                 abandoned: std::sync::Mutex::new(VecDeque::new()),
             }),
         }
@@ -322,34 +328,53 @@ impl EtcdBackend {
         .map(drop)
     }
 
+    /// Runs one transaction, alone or with others waiting for a slot ([`batch`]), bounded by
+    /// the request timeout; with the revision it was applied at. `writes_in`: the election
+    /// range it writes in, if it writes.
+    async fn batched(
+        &self,
+        what: &str,
+        writes_in: Option<&str>,
+        txn: Txn,
+    ) -> Result<(TxnResponse, i64)> {
+        error::within(
+            self.request_timeout(),
+            what,
+            batch::txn(self, writes_in, txn),
+        )
+        .await
+    }
+
     /// Reads the candidates of a range, oldest first, with the read's revision.
     async fn read_queue(&self, range: &str) -> Result<Queue> {
-        let options = queue_options();
-        let mut response = self
-            .request("reading the candidates", || async {
-                self.kv().get(range, Some(options)).await
-            })
+        let (revision, candidates) = self
+            .read("reading the candidates", range, queue_options())
             .await?;
-        let revision = response.header().map_or(0, |h| h.revision());
         Ok(Queue {
             revision,
-            candidates: response.take_kvs(),
+            candidates,
         })
     }
 
     /// Reads the holder of a range (its oldest key), with the read's revision.
     async fn read_holder(&self, range: &str) -> Result<(i64, Option<KeyValue>)> {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        let options = queue_options().with_limit(1);
+        let (revision, kvs) = self.read("reading the leader", range, options).await?;
+        Ok((revision, kvs.into_iter().next()))
+    }
+
+    /// Reads a range: its keys, with the read's revision.
+    async fn read(
+        &self,
+        what: &str,
+        range: &str,
+        options: GetOptions,
+    ) -> Result<(i64, Vec<KeyValue>)> {
         let mut response = self
-            .request("reading the leader", || async {
-                self.kv().get(range, Some(options)).await
-            })
+            .request(what, || async { self.kv().get(range, Some(options)).await })
             .await?;
         let revision = response.header().map_or(0, |h| h.revision());
-        Ok((revision, response.take_kvs().into_iter().next()))
+        Ok((revision, response.take_kvs()))
     }
 
     /// Remembers that this backend closed (or dropped) the lease `id`: any key still bound
