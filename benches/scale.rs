@@ -19,6 +19,9 @@
 //! - `consul-followers`: two backends contend for `--count` Consul elections: the blocking
 //!   queries open on the agent (TCP connections from this process) while settled.
 //!
+//! `--no-restart` ends `etcd-followers` with a shutdown of every process at once, timed,
+//! instead of the rolling restart.
+//!
 //! `--without-switchover` builds every election with `switchover_requests(false)` and
 //! `accept_hand_overs(false)`: what the switchover's request watch and presence records cost.
 //!
@@ -105,6 +108,9 @@ struct Args {
     processes: usize,
     idle: Duration,
     csv: String,
+    /// `etcd-followers`: shut everything down after the idle window instead of the rolling
+    /// restart.
+    no_restart: bool,
 }
 
 fn args() -> Args {
@@ -115,6 +121,7 @@ fn args() -> Args {
         processes: 5,
         idle: Duration::from_secs(10),
         csv: "target/scale.csv".into(),
+        no_restart: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -130,6 +137,7 @@ fn args() -> Args {
             "--processes" => args.processes = value().parse().unwrap_or(args.processes),
             "--idle" => args.idle = Duration::from_secs(value().parse().unwrap_or(10)),
             "--csv" => args.csv = value(),
+            "--no-restart" => args.no_restart = true,
             "--without-switchover" => {
                 WITHOUT_SWITCHOVER.store(true, std::sync::atomic::Ordering::Relaxed)
             }
@@ -599,7 +607,9 @@ async fn etcd_followers(args: &Args) {
     };
     let before = store_counters(Store::Etcd(addr)).await;
     let g0 = etcd_gauges(addr).await;
+    let cpu_before = cpu_time();
     tokio::time::sleep(args.idle).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
     let after = store_counters(Store::Etcd(addr)).await;
     let g1 = etcd_gauges(addr).await;
     let writes = |a: &BTreeMap<String, f64>, b: &BTreeMap<String, f64>| {
@@ -610,11 +620,26 @@ async fn etcd_followers(args: &Args) {
     };
     let secs = args.idle.as_secs_f64();
     println!(
-        "  settled, {:?}: {}; {:.2} writes (proposals committed)/s",
+        "  settled, {:?}: {}; {:.2} writes (proposals committed)/s; {:.2} ms CPU per s per process",
         args.idle,
         window(&before, &after, secs),
-        writes(&g0, &g1) / secs
+        writes(&g0, &g1) / secs,
+        cpu.as_secs_f64() * 1e3 / secs / p as f64
     );
+    if args.no_restart {
+        let stopping = Instant::now();
+        let all = procs
+            .into_iter()
+            .map(|campaigns| tokio::spawn(stop_all(campaigns)));
+        for process in all.collect::<Vec<_>>() {
+            let _ = process.await;
+        }
+        println!(
+            "  shutdown of every process at once (all released): {:.2} s",
+            stopping.elapsed().as_secs_f64()
+        );
+        return;
+    }
 
     // Rolling restart: each process in turn shuts down (releasing its locks), and comes back
     // with a new connection and lease, then waits until every election has a leader again.

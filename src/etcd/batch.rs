@@ -13,10 +13,10 @@
 //! sent, it runs to its answer, which nobody reads.
 //!
 //! Releases and the marks of a term's start go through it: 10,000 elections shutting down at
-//! once release in half the time. Acquisitions do not, yet: batched, 100,000 elections led in
-//! 5 s instead of 27 to 54, but in two runs of three the burst of wins kept the lease's
-//! renewals from being confirmed within the renew deadline, and every term ended
-//! (BENCHMARKS.md, "Scale").
+//! once release in half the time. Acquisitions and reads do not, yet: batched, 100,000
+//! elections led in 5 s instead of 27 to 54, but in most runs of a mass start the leases'
+//! renewals went unconfirmed past the renew deadline while batches were in flight, and every
+//! term ended (BENCHMARKS.md, "Scale").
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,12 +50,22 @@ struct Pending {
 /// The transactions waiting for a slot.
 #[derive(Default)]
 pub(super) struct Batch {
-    queue: Mutex<VecDeque<Pending>>,
+    queue: Mutex<Queue>,
     next_id: AtomicU64,
 }
 
+#[derive(Default)]
+struct Queue {
+    pending: VecDeque<Pending>,
+    /// A sender task is running: it waits for slots and sends batches until the queue is
+    /// empty. One at a time, so that the callers wait on their answers only, not in the
+    /// semaphore's line (thousands of callers each taking a slot in turn and finding their
+    /// transaction sent already would keep the runtime busy with nothing).
+    sending: bool,
+}
+
 impl Batch {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -65,7 +75,8 @@ impl Batch {
     /// order, with at most one write per election (the others stay at the front for the
     /// next), the reads last. Looks at no more than `2 · MAX_BATCH` of the queue.
     fn take(&self) -> Vec<Pending> {
-        let mut queue = self.lock();
+        let mut guard = self.lock();
+        let queue = &mut guard.pending;
         let mut taken: Vec<Pending> = Vec::new();
         let mut kept = Vec::new();
         while taken.len() < MAX_BATCH
@@ -86,7 +97,7 @@ impl Batch {
         for pending in kept.into_iter().rev() {
             queue.push_front(pending);
         }
-        drop(queue);
+        drop(guard);
         // Reads after the writes: every write of a batch lands at the batch's revision, which
         // is the revision each answer reports, so a read must see them all (else a watch
         // started after it would miss one).
@@ -111,7 +122,7 @@ impl Queued<'_> {
 impl Drop for Queued<'_> {
     fn drop(&mut self) {
         if !self.taken() {
-            self.batch.lock().retain(|p| p.id != self.id);
+            self.batch.lock().pending.retain(|p| p.id != self.id);
         }
     }
 }
@@ -121,35 +132,49 @@ impl Drop for Queued<'_> {
 pub(super) async fn txn(backend: &EtcdBackend, writes_in: Option<&str>, txn: Txn) -> Answer {
     let batch = &backend.inner.batch;
     let id = batch.next_id.fetch_add(1, Ordering::Relaxed);
-    let (done, mut answer) = oneshot::channel();
+    let (done, answer) = oneshot::channel();
     let taken = Arc::new(AtomicBool::new(false));
-    batch.lock().push_back(Pending {
-        id,
-        taken: taken.clone(),
-        writes_in: writes_in.map(str::to_owned),
-        txn,
-        done,
-    });
-    let queued = Queued { batch, id, taken };
+    let start_sender = {
+        let mut queue = batch.lock();
+        queue.pending.push_back(Pending {
+            id,
+            taken: taken.clone(),
+            writes_in: writes_in.map(str::to_owned),
+            txn,
+            done,
+        });
+        !std::mem::replace(&mut queue.sending, true)
+    };
+    let _queued = Queued { batch, id, taken };
+    if start_sender {
+        tokio::spawn(sender(backend.clone()));
+    }
+    answer.await.unwrap_or_else(|_| Err(dropped()))
+}
+
+/// Waits for a slot, sends what is queued on it, and again, until the queue is empty.
+async fn sender(backend: EtcdBackend) {
+    let batch = &backend.inner.batch;
     loop {
-        tokio::select! {
-            biased;
-            answer = &mut answer => return answer.unwrap_or_else(|_| Err(dropped())),
-            permit = backend.inner.slots.clone().acquire_owned() => {
-                let Ok(permit) = permit else {
-                    return Err(etcd_client::Error::InvalidArgs(
-                        "the backend's request slots are closed".into(),
-                    ));
-                };
-                let sending = batch.take();
-                if !sending.is_empty() {
-                    tokio::spawn(send(backend.kv(), sending, permit));
-                }
-                if queued.taken() {
-                    return answer.await.unwrap_or_else(|_| Err(dropped()));
-                }
+        let Ok(permit) = backend.inner.slots.clone().acquire_owned().await else {
+            // Closed slots: nothing can be sent; the callers' answers are dropped.
+            let mut queue = batch.lock();
+            queue.pending.clear();
+            queue.sending = false;
+            return;
+        };
+        let sending = batch.take();
+        if sending.is_empty() {
+            let mut queue = batch.lock();
+            // Under the lock a caller pushes with: one that pushed since `take` sees
+            // `sending` still set, and is served by the next turn of this loop.
+            if queue.pending.is_empty() {
+                queue.sending = false;
+                return;
             }
+            continue;
         }
+        tokio::spawn(send(backend.kv(), sending, permit));
     }
 }
 
@@ -219,7 +244,7 @@ mod tests {
     fn pending(batch: &Batch, writes_in: Option<&str>) -> (u64, oneshot::Receiver<Answer>) {
         let id = batch.next_id.fetch_add(1, Ordering::Relaxed);
         let (done, answer) = oneshot::channel();
-        batch.lock().push_back(Pending {
+        batch.lock().pending.push_back(Pending {
             id,
             taken: Arc::new(AtomicBool::new(false)),
             writes_in: writes_in.map(str::to_owned),
@@ -264,12 +289,12 @@ mod tests {
     fn a_caller_that_goes_takes_its_transaction_out_of_the_queue() {
         let batch = Batch::default();
         let (id, _answer) = pending(&batch, None);
-        let taken = batch.lock()[0].taken.clone();
+        let taken = batch.lock().pending[0].taken.clone();
         drop(Queued {
             batch: &batch,
             id,
             taken,
         });
-        assert!(batch.lock().is_empty());
+        assert!(batch.lock().pending.is_empty());
     }
 }

@@ -363,7 +363,9 @@ impl EtcdBackend {
         Ok((revision, kvs.into_iter().next()))
     }
 
-    /// Reads a range: its keys, with the read's revision.
+    /// Reads a range: its keys, with the read's revision. Not batched ([`batch`]): batched,
+    /// the reads of a mass start (10 processes of 10,000 elections) kept the leases' renewals
+    /// from being confirmed in time, and the elections never settled.
     async fn read(
         &self,
         what: &str,
