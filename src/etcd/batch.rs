@@ -13,17 +13,21 @@
 //! sent, it runs to its answer, which nobody reads.
 //!
 //! Releases and the marks of a term's start go through it: 10,000 elections shutting down at
-//! once release in half the time. Acquisitions and reads do not, yet: batched, 100,000
-//! elections led in 5 s instead of 27 to 54, but in most runs of a mass start the leases'
-//! renewals went unconfirmed past the renew deadline while batches were in flight, and every
-//! term ended (BENCHMARKS.md, "Scale").
+//! once release in about 1 s instead of 1.7. Acquisitions and reads do not. Batched, they
+//! were no faster once bounded (10,000 elections led in 2.5 to 2.9 s, 100,000 in 47 to 50),
+//! and with up to 4,096 transactions in flight 100,000 elections never settled: the leases'
+//! renewals went unconfirmed past the renew deadline, and every term ended
+//! (BENCHMARKS.md, "Scale").
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use etcd_client::{KvClient, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
+use tokio::time::timeout;
 
 use super::EtcdBackend;
 
@@ -33,7 +37,19 @@ pub(super) const MAX_BATCH: usize = 16;
 
 /// A transaction's answer, with the revision it was applied at (a nested transaction's
 /// answer has no header of its own).
-pub(super) type Answer = Result<(TxnResponse, i64), etcd_client::Error>;
+pub(super) type Answer = Result<(TxnResponse, i64), Failure>;
+
+/// Why a transaction has no answer.
+#[derive(Debug)]
+pub(super) enum Failure {
+    /// etcd's error.
+    Etcd(etcd_client::Error),
+    /// No answer within the request timeout, counted from when it was sent (as
+    /// [`request`](EtcdBackend::request) counts it: the wait for a slot is not counted).
+    NoAnswer,
+    /// The backend's request slots are closed, or the batch ended without an answer.
+    Dropped,
+}
 
 struct Pending {
     id: u64,
@@ -47,11 +63,28 @@ struct Pending {
     done: oneshot::Sender<Answer>,
 }
 
+/// At most this many transactions in flight in batches, counted one by one (a batch of 16
+/// counts 16): twice what the request slots let through unbatched. What etcd has yet to
+/// apply delays every lease renewal (its leader applies every committed entry before it
+/// renews), so the backlog a batch can make is bounded, not only the round trips.
+pub(super) const MAX_BATCHED_IN_FLIGHT: u32 = 128;
+
 /// The transactions waiting for a slot.
-#[derive(Default)]
 pub(super) struct Batch {
     queue: Mutex<Queue>,
     next_id: AtomicU64,
+    /// [`MAX_BATCHED_IN_FLIGHT`] permits.
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            queue: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_BATCHED_IN_FLIGHT as usize)),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -149,7 +182,7 @@ pub(super) async fn txn(backend: &EtcdBackend, writes_in: Option<&str>, txn: Txn
     if start_sender {
         tokio::spawn(sender(backend.clone()));
     }
-    answer.await.unwrap_or_else(|_| Err(dropped()))
+    answer.await.unwrap_or(Err(Failure::Dropped))
 }
 
 /// Waits for a slot, sends what is queued on it, and again, until the queue is empty.
@@ -174,20 +207,25 @@ async fn sender(backend: EtcdBackend) {
             }
             continue;
         }
-        tokio::spawn(send(backend.kv(), sending, permit));
+        let count = u32::try_from(sending.len()).unwrap_or(u32::MAX);
+        // Never closed: `ok()` only to need no panic path.
+        let applying = batch.in_flight.clone().acquire_many_owned(count).await.ok();
+        let limit = backend.request_timeout();
+        tokio::spawn(send(backend.kv(), sending, (permit, applying), limit));
     }
 }
 
-fn dropped() -> etcd_client::Error {
-    etcd_client::Error::InvalidArgs("the transaction's batch ended without an answer".into())
-}
-
 /// Sends one batch on its slot and answers each caller.
-async fn send(mut kv: KvClient, mut sending: Vec<Pending>, _permit: OwnedSemaphorePermit) {
+async fn send(
+    mut kv: KvClient,
+    mut sending: Vec<Pending>,
+    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    limit: Duration,
+) {
     if sending.len() == 1
         && let Some(one) = sending.pop()
     {
-        let _ = one.done.send(alone(&mut kv, one.txn).await);
+        let _ = one.done.send(alone(&mut kv, one.txn, limit).await);
         return;
     }
     let outer = Txn::new().and_then(
@@ -196,8 +234,14 @@ async fn send(mut kv: KvClient, mut sending: Vec<Pending>, _permit: OwnedSemapho
             .map(|p| TxnOp::txn(p.txn.clone()))
             .collect::<Vec<_>>(),
     );
-    let answers = match kv.txn(outer).await {
-        Ok(response) if response.succeeded() => {
+    let answers = match timeout(limit, kv.txn(outer)).await {
+        Err(_) => {
+            for pending in sending {
+                let _ = pending.done.send(Err(Failure::NoAnswer));
+            }
+            return;
+        }
+        Ok(Ok(response)) if response.succeeded() => {
             let revision = response.header().map_or(0, |h| h.revision());
             let answers: Vec<TxnResponse> = response
                 .op_responses()
@@ -223,7 +267,7 @@ async fn send(mut kv: KvClient, mut sending: Vec<Pending>, _permit: OwnedSemapho
             for pending in sending {
                 let mut kv = kv.clone();
                 each.spawn(async move {
-                    let _ = pending.done.send(alone(&mut kv, pending.txn).await);
+                    let _ = pending.done.send(alone(&mut kv, pending.txn, limit).await);
                 });
             }
             while each.join_next().await.is_some() {}
@@ -231,8 +275,11 @@ async fn send(mut kv: KvClient, mut sending: Vec<Pending>, _permit: OwnedSemapho
     }
 }
 
-async fn alone(kv: &mut KvClient, txn: Txn) -> Answer {
-    let response = kv.txn(txn).await?;
+async fn alone(kv: &mut KvClient, txn: Txn, limit: Duration) -> Answer {
+    let response = match timeout(limit, kv.txn(txn)).await {
+        Ok(answer) => answer.map_err(Failure::Etcd)?,
+        Err(_) => return Err(Failure::NoAnswer),
+    };
     let revision = response.header().map_or(0, |h| h.revision());
     Ok((response, revision))
 }
