@@ -13,11 +13,11 @@
 //! sent, it runs to its answer, which nobody reads.
 //!
 //! Releases and the marks of a term's start go through it: 10,000 elections shutting down at
-//! once release in about 1 s instead of 1.7. Acquisitions and reads do not. Batched, they
-//! were no faster once bounded (10,000 elections led in 2.5 to 2.9 s, 100,000 in 47 to 50),
-//! and with up to 4,096 transactions in flight 100,000 elections never settled: the leases'
-//! renewals went unconfirmed past the renew deadline, and every term ended
-//! (BENCHMARKS.md, "Scale").
+//! once release in about 1 s instead of 1.7. Acquisitions and reads do not. Batched
+//! acquisitions were no faster once bounded (10,000 elections led in 2.5 to 2.9 s, 100,000 in
+//! 47 to 50), and with up to 4,096 transactions in flight 100,000 elections never settled;
+//! batched reads were tried only with an earlier version of this queue, whose timeout counted
+//! the wait in the queue (BENCHMARKS.md, "Scale").
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -329,8 +329,8 @@ impl EtcdBackend {
     }
 
     /// Runs one transaction, alone or with others waiting for a slot ([`batch`]), bounded by
-    /// the request timeout once sent; with the revision it was applied at. `writes_in`: the election
-    /// range it writes in, if it writes.
+    /// the request timeout once sent; with the revision it was applied at. `writes_in`: the
+    /// election range it writes in, if it writes.
     async fn batched(
         &self,
         what: &str,
@@ -374,9 +374,7 @@ impl EtcdBackend {
         Ok((revision, kvs.into_iter().next()))
     }
 
-    /// Reads a range: its keys, with the read's revision. Not batched ([`batch`]): batched,
-    /// the reads of a mass start (10 processes of 10,000 elections) kept the leases' renewals
-    /// from being confirmed in time, and the elections never settled.
+    /// Reads a range: its keys, with the read's revision. Not batched (see [`batch`]).
     async fn read(
         &self,
         what: &str,
