@@ -280,7 +280,7 @@ impl EtcdContender {
         let (backend, range) = (self.backend.clone(), self.range.clone());
         tokio::spawn(async move {
             let marked = backend
-                .batched("marking the start of the term", Some(&range), txn)
+                .batched("marking the start of the term", &range, txn)
                 .await;
             if let Err(error) = marked {
                 tracing::debug!(%error, "could not mark the start of the term in the key's value");
@@ -685,7 +685,7 @@ impl Contender for EtcdContender {
         self.writing.settle().await;
         let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
         self.backend
-            .batched("deleting the candidate key", Some(&self.range), delete)
+            .batched("deleting the candidate key", &self.range, delete)
             .await?;
         self.forget();
         Ok(())

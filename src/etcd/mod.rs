@@ -328,32 +328,22 @@ impl EtcdBackend {
         .map(drop)
     }
 
-    /// Runs one transaction, alone or with others waiting for a slot ([`batch`]), bounded by
-    /// the request timeout once sent; with the revision it was applied at. `writes_in`: the
-    /// election range it writes in, if it writes.
-    async fn batched(
-        &self,
-        what: &str,
-        writes_in: Option<&str>,
-        txn: Txn,
-    ) -> Result<(TxnResponse, i64)> {
+    /// Runs `txn`, a write in the election range `writes_in`, alone or with others waiting
+    /// for a slot ([`batch`]), bounded by the request timeout once sent; with the revision it
+    /// was applied at.
+    async fn batched(&self, what: &str, writes_in: &str, txn: Txn) -> Result<(TxnResponse, i64)> {
         batch::txn(self, writes_in, txn)
             .await
-            .map_err(|failure| self.batch_failure(what, failure))
-    }
-
-    /// The error for a transaction [`batch`] could not answer.
-    fn batch_failure(&self, what: &str, failure: batch::Failure) -> crate::Error {
-        match failure {
-            batch::Failure::Etcd(error) => error::from_client(error),
-            batch::Failure::NoAnswer => error::unavailable(format!(
-                "{what}: no answer within {:?}",
-                self.request_timeout()
-            )),
-            batch::Failure::Dropped => {
-                error::unavailable(format!("{what}: the backend's requests were closed"))
-            }
-        }
+            .map_err(|failure| match failure {
+                batch::Failure::Etcd(error) => error::from_client(error),
+                batch::Failure::NoAnswer => error::unavailable(format!(
+                    "{what}: no answer within {:?}",
+                    self.request_timeout()
+                )),
+                batch::Failure::Dropped => {
+                    error::unavailable(format!("{what}: the backend's requests were closed"))
+                }
+            })
     }
 
     /// Reads the candidates of a range, oldest first, with the read's revision.
