@@ -187,7 +187,8 @@ async fn main() {
     }
     #[cfg(feature = "etcd")]
     if wanted("etcd") {
-        let server = support::EtcdServer::single().await;
+        let mut server = support::EtcdServer::single().await;
+        watch_server(server.process().pid());
         let backend = etcd_connect(&server.endpoints()).await;
         let store = Store::Etcd(server.client_addr());
         for &n in &args.counts {
@@ -195,6 +196,7 @@ async fn main() {
             println!("  leases held: {}", backend.lease_ids().len());
             r.save(&args.csv);
         }
+        watch_server(None);
     }
     #[cfg(feature = "etcd")]
     if wanted("etcd-followers") {
@@ -305,6 +307,7 @@ async fn one_process<B: Backend>(
     let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
     let blocks_before = blocks();
     let start = Instant::now();
+    let cpu_at_start = (cpu_time(), server_cpu_time());
     let campaigns: Vec<Campaign> = (0..count)
         .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
         .collect();
@@ -314,6 +317,7 @@ async fn one_process<B: Backend>(
         "  {led} of {count} led in {:.3} s",
         to_all_led.as_secs_f64()
     );
+    print_cpu_since("all led", cpu_at_start);
     // Settle: the leaders' marks written, their watches in place.
     tokio::time::sleep(Duration::from_secs(2)).await;
     trim();
@@ -570,9 +574,11 @@ fn consul_connect(url: &str) -> incumbent::consul::ConsulBackend {
 async fn etcd_followers(args: &Args) {
     let (p, e) = (args.processes, args.count);
     println!("\n## etcd-followers: {p} processes x {e} elections, contending (ttl {TTL:?})");
-    let server = support::EtcdServer::single().await;
+    let mut server = support::EtcdServer::single().await;
+    watch_server(server.process().pid());
     let addr = server.client_addr();
     let endpoints = server.endpoints();
+    let cpu_at_start = (cpu_time(), server_cpu_time());
     let start_one = |backend: incumbent::etcd::EtcdBackend, id: usize| -> Vec<Campaign> {
         (0..e)
             .map(|i| {
@@ -598,6 +604,7 @@ async fn etcd_followers(args: &Args) {
         start.elapsed().as_secs_f64(),
         leaders_per_process(&procs)
     );
+    print_cpu_since("settled", cpu_at_start);
     tokio::time::sleep(Duration::from_secs(2)).await;
     print_etcd_gauges(addr).await;
     let window = |from: &BTreeMap<String, f64>, to: &BTreeMap<String, f64>, secs: f64| {
@@ -774,6 +781,41 @@ fn rss_bytes() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * 4096)
+}
+
+/// The pid of the store's server, when this benchmark started one: its CPU time is printed.
+static SERVER_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+fn watch_server(pid: Option<u32>) {
+    SERVER_PID.store(pid.unwrap_or(0), Ordering::Relaxed);
+}
+
+/// User + system CPU time of the store's server (see [`SERVER_PID`]), from `/proc`.
+fn server_cpu_time() -> Option<Duration> {
+    let pid = SERVER_PID.load(Ordering::Relaxed);
+    if pid == 0 {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's name: state is the 3rd of the line, utime the 14th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some(Duration::from_millis(ticks * 1000 / hz.max(1)))
+}
+
+/// Prints the CPU time this process and the store's server used since `from`.
+fn print_cpu_since(until: &str, from: (Duration, Option<Duration>)) {
+    let ours = cpu_time().saturating_sub(from.0).as_secs_f64();
+    match (server_cpu_time(), from.1) {
+        (Some(now), Some(then)) => println!(
+            "  CPU until {until}: this process {ours:.1} s, the store's server {:.1} s",
+            now.saturating_sub(then).as_secs_f64()
+        ),
+        _ => println!("  CPU until {until}: this process {ours:.1} s"),
+    }
 }
 
 /// User + system CPU time of this process.

@@ -257,7 +257,7 @@
 //! |---|---|---|
 //! | [`memory`] | always | tasks of one process; tests with paused time and injected faults |
 //! | `file` | `file` (default) | processes of one host, through a lock file; no server |
-//! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, predecessor watches |
+//! | `etcd` | `etcd` | a lease, revision-ordered candidate keys, one watch per backend that wakes only a key's successor |
 //! | `consul` | `consul` | a session and a KV lock, blocking queries, lock-delay |
 //! | `zookeeper` | `zookeeper` | a ZooKeeper session, ephemeral sequential candidate nodes, predecessor watches, czxid tokens; disconnected (suspended) vs expired sessions |
 //! | `redis` | `redis` | a key per election, a fencing counter, keyspace notifications or polling; **not** safe across a restart without persistence or a failover (see its module docs) |

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 use super::lease::{Lease, free_key};
-use super::watch::{Follow, Seen, Start, Target, retries};
+use super::watch::{Follow, Interest, Seen, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{
@@ -26,12 +26,11 @@ const LEASE_CHECKS: usize = 3;
 /// - [`acquire`](Contender::acquire) writes the key if absent and reads the range: the key
 ///   with the lowest create revision leads, and its create revision is the fencing token.
 ///   Calling it again while leading returns the same token.
-/// - [`wait`](Contender::wait) watches the delete of the key just ahead of ours (and of our
-///   own), and reads the range once more when etcd confirms the watch. When the key ahead
-///   was the holder, its delete seen before any delete of ours makes us the holder, and the
-///   next `acquire` wins without reading the range again: a hand-off costs the old leader's
-///   delete and one watch event.
-/// - [`lost`](Contender::lost) watches the election's range while leading, and resolves as
+/// - [`wait`](Contender::wait) waits for the delete of the key just ahead of ours (or of our
+///   own) on the backend's one watch. When the key ahead was the holder, its delete seen
+///   before any delete of ours makes us the holder, and the next `acquire` wins without
+///   reading the range again: a hand-off costs the old leader's delete and one watch event.
+/// - [`lost`](Contender::lost) follows the election's range while leading, and resolves as
 ///   soon as the watch shows our key deleted ([`LockLoss::Deleted`], or
 ///   [`LockLoss::SessionLost`] when the keep-alive already heard that the lease is gone) or an
 ///   older key ([`LockLoss::Taken`]). [`explain`](Contender::explain) then asks etcd about
@@ -56,10 +55,16 @@ pub struct EtcdContender {
     /// The write of our key, which runs to its answer even if `acquire` is dropped, so that
     /// `release` deletes after it.
     writing: Unabandoned<Result<Option<(TxnResponse, i64)>>>,
-    /// While following: the watch on the deletes of our predecessor and of our own key.
+    /// The view of the election's range on the backend's watch, from before the first read of
+    /// the range until the release: while following, of the deletes of our predecessor and of
+    /// our own key; while leading, of every change.
+    follow: Option<Follow>,
+    /// While following: whom we wait for.
     waiting: Option<Waiting>,
-    /// While leading: the watch on the election's range.
-    leading: Option<Follow>,
+    /// From a write of our key until we follow or go: a view of the election's request lock
+    /// (which the write's transaction read), so that this process knows who holds it and the
+    /// leader's observer of it need not read it.
+    requests: Option<Follow>,
     /// `wait` saw the delete of the only key older than ours, ahead of any delete of ours, at
     /// this revision: from then on we lead, without reading the range again.
     promoted: Option<i64>,
@@ -77,7 +82,6 @@ struct Waiting {
     /// The predecessor was the holder, the only key older than ours: its delete alone makes
     /// us the holder (keys older than ours can only go, never come).
     next_in_line: bool,
-    follow: Follow,
 }
 
 #[derive(Clone, Copy)]
@@ -118,8 +122,9 @@ impl EtcdContender {
             won: false,
             wrote: false,
             writing: Unabandoned::new(),
+            follow: None,
             waiting: None,
-            leading: None,
+            requests: None,
             promoted: None,
             noticed: None,
         }
@@ -144,13 +149,13 @@ impl EtcdContender {
         PutOptions::new().with_lease(self.lease.id)
     }
 
-    /// Forgets our key (it vanished, or we released it) and every watch that relied on it.
+    /// Forgets our key (it vanished, or we released it) and whom we waited for.
     fn forget(&mut self) {
         self.created = None;
         self.since = None;
         self.won = false;
         self.waiting = None;
-        self.leading = None;
+        self.requests = None;
         self.promoted = None;
         self.noticed = None;
     }
@@ -169,6 +174,13 @@ impl EtcdContender {
         // A candidate's key says nothing of a term until it wins (`mark_term`): an observer
         // must not read its campaign's start as its term's.
         self.since = None;
+        // The election's request lock is read in the same transaction, for the leader's
+        // observer of it (`Sightings` of hand-over requests): made before the read, the view
+        // lets this process know its holder until it changes, so the observer need not read.
+        let requests = self.requests_range();
+        let mut view = Follow::new(&self.backend, &requests);
+        view.attend(Interest::Nothing);
+        let holder_options = super::queue_options().with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
@@ -178,10 +190,12 @@ impl EtcdContender {
             .and_then([
                 TxnOp::put(self.key.clone(), self.value(None), Some(self.put_options())),
                 TxnOp::get(self.range.clone(), Some(super::queue_options())),
+                TxnOp::get(requests.clone(), Some(holder_options.clone())),
             ])
             .or_else([
                 TxnOp::get(self.key.clone(), None),
                 TxnOp::get(self.range.clone(), Some(super::queue_options())),
+                TxnOp::get(requests, Some(holder_options)),
             ]);
         let backend = self.backend.clone();
         let response = self
@@ -214,9 +228,16 @@ impl EtcdContender {
                 TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
                 _ => None,
             });
-        if response.succeeded() {
-            self.created = Some(revision);
+        let learn = |reads: &mut dyn Iterator<Item = Vec<KeyValue>>| {
             let candidates = reads.next().unwrap_or_default();
+            let request = reads.next().and_then(|kvs| kvs.into_iter().next());
+            view.learn(revision, request.as_ref());
+            self.requests = Some(view);
+            candidates
+        };
+        if response.succeeded() {
+            let candidates = learn(&mut reads);
+            self.created = Some(revision);
             return Ok(Some(Queue {
                 revision,
                 candidates,
@@ -225,8 +246,8 @@ impl EtcdContender {
         let existing = reads.next().and_then(|kvs| kvs.into_iter().next());
         match existing {
             Some(kv) if kv.lease() == self.lease.id && adopt => {
+                let candidates = learn(&mut reads);
                 self.created = Some(kv.create_revision());
-                let candidates = reads.next().unwrap_or_default();
                 return Ok(Some(Queue {
                     revision,
                     candidates,
@@ -330,7 +351,7 @@ impl EtcdContender {
         match self.backend.read_queue(&self.range).await {
             Ok(queue) => match queue.candidates.first() {
                 Some(first) if first.key() == own => {
-                    if let Some(follow) = self.leading.as_mut() {
+                    if let Some(follow) = self.follow.as_mut() {
                         follow.read_at(queue.revision);
                     }
                 }
@@ -341,16 +362,16 @@ impl EtcdContender {
             },
             Err(error) => {
                 tracing::debug!(%error, "cannot read the election; retrying");
-                if let Some(follow) = self.leading.as_mut() {
+                if let Some(follow) = self.follow.as_mut() {
                     follow.pause().await;
                 }
             }
         }
     }
 
-    /// We hold the lock with our key, created at `created`, as seen at `revision`: watch the
-    /// range from there while leading, and mark the term in the key's value unless it was
-    /// written just now (then it says so already).
+    /// We hold the lock with our key, created at `created`, as seen at `revision`: follow
+    /// every change in the range from there while leading, and mark the term in the key's
+    /// value unless it was written just now (then it says so already).
     fn win(&mut self, created: i64, revision: i64, fresh: bool) -> Attempt {
         if !self.won {
             if !fresh {
@@ -358,13 +379,33 @@ impl EtcdContender {
             }
             self.won = true;
             self.waiting = None;
-            let range = Target::Prefix(self.range.clone().into_bytes());
-            let start = Start::After(revision + 1);
-            self.leading = Some(Follow::new(&self.backend, vec![range], false, start));
+            let follow = self.follow(None);
+            follow.read_at(revision);
+            follow.attend(Interest::Everything);
         }
         Attempt::Won {
             fencing_token: token_of(created),
         }
+    }
+
+    /// The view of the range, made now if there is none: before the range is read (`Some`
+    /// the read's revision, else none yet).
+    fn follow(&mut self, read: Option<i64>) -> &mut Follow {
+        let follow = self
+            .follow
+            .get_or_insert_with(|| Follow::new(&self.backend, &self.range));
+        if let Some(revision) = read {
+            follow.read_at(revision);
+        }
+        follow
+    }
+
+    /// The range of the election's request lock (hand-over requests, see
+    /// [`switchover`](crate::switchover)).
+    fn requests_range(&self) -> String {
+        let election = self.range[self.backend.prefix().len()..].trim_end_matches(super::SEPARATOR);
+        let requests = crate::switchover::request_name(election);
+        self.backend.election_range(&requests)
     }
 
     /// Whether the keep-alive already heard from etcd that the lease is gone.
@@ -442,6 +483,9 @@ impl Contender for EtcdContender {
         let (mut writes, mut clearings) = (0, 0);
         let mut fresh = false;
         let mut written = None;
+        // Made before the range is read (by the write, or alone), so that the view misses no
+        // change after the read.
+        self.follow(None);
         loop {
             if self.created.is_none() {
                 if writes == MAX_WRITES {
@@ -456,6 +500,7 @@ impl Contender for EtcdContender {
                 Some(queue) => queue,
                 None => self.backend.read_queue(&self.range).await?,
             };
+            self.follow(Some(queue.revision));
             // Our own leftovers (keys of leases this backend closed) are never queued behind:
             // after an outage, etcd may keep such a lease alive for another ttl.
             if clearings < MAX_WRITES && self.clear_leftovers(&queue).await? {
@@ -479,7 +524,6 @@ impl Contender for EtcdContender {
                 return Ok(self.win(created, queue.revision, fresh));
             }
             self.won = false;
-            self.leading = None;
             let older = queue
                 .candidates
                 .iter()
@@ -488,27 +532,23 @@ impl Contender for EtcdContender {
             let predecessor = older.last().unwrap_or(first);
             let predecessor_created = predecessor.create_revision();
             let predecessor = String::from_utf8_lossy(predecessor.key()).into_owned();
-            // Next in line, one watch on the keys from the predecessor's to ours delivers
-            // their deletes in revision order, so that the predecessor's delete proves ours
-            // was still there. (Other keys in between are followers behind us; their deletes
-            // are ignored.) Further back, two watches: any delete means reading again.
-            let (own, theirs) = (
-                self.key.clone().into_bytes(),
+            // The deletes of the predecessor's key and ours, in revision order (one watch
+            // delivers them): next in line, the predecessor's delete seen before any of ours
+            // proves ours was still there. Further back, any delete means reading again.
+            let keys = vec![
                 predecessor.clone().into_bytes(),
-            );
-            let targets = if next_in_line {
-                vec![Target::Between(
-                    own.clone().min(theirs.clone()),
-                    own.max(theirs),
-                )]
-            } else {
-                vec![Target::Key(theirs), Target::Key(own)]
-            };
+                self.key.clone().into_bytes(),
+            ];
+            self.requests = None;
+            let follow = self.follow(None);
+            // For this process's observers of the election (the campaign's, to report the
+            // leader): they need not read it again.
+            follow.learn(queue.revision, Some(first));
+            follow.attend(Interest::Deletes(keys));
             self.waiting = Some(Waiting {
                 predecessor,
                 predecessor_created,
                 next_in_line,
-                follow: Follow::new(&self.backend, targets, true, Start::Now),
             });
             return Ok(Attempt::Held {
                 holder: Some(leader_of(first)),
@@ -523,22 +563,21 @@ impl Contender for EtcdContender {
     }
 
     async fn wait(&mut self) -> Result<()> {
-        let Some(waiting) = self.waiting.as_mut() else {
+        let (Some(waiting), Some(follow)) = (self.waiting.as_mut(), self.follow.as_mut()) else {
             return Ok(());
         };
         loop {
-            match waiting.follow.next().await {
-                // Only deletes are watched, in revision order.
-                Ok(Seen::Events(events)) => {
-                    // A response holds whole revisions: if ours went in the same revision as
-                    // the predecessor's (or later), this is no promotion.
+            match follow.next().await {
+                // Only the two keys' deletes, in revision order.
+                Seen::Changes(changes) => {
+                    // Changes come in whole revisions: if ours went in the same revision as
+                    // the predecessor's (or earlier), this is no promotion.
                     // When each key went, if it did.
                     let gone = |key: &[u8]| {
-                        events
+                        changes
                             .iter()
-                            .filter_map(|e| e.kv())
-                            .find(|kv| kv.key() == key)
-                            .map(|kv| kv.mod_revision())
+                            .find(|change| change.key == key)
+                            .map(|change| change.mod_revision)
                     };
                     let ours = gone(self.key.as_bytes());
                     let theirs = gone(waiting.predecessor.as_bytes());
@@ -548,14 +587,10 @@ impl Contender for EtcdContender {
                     self.promoted = theirs.filter(|_| ours.is_none() && waiting.next_in_line);
                     break;
                 }
-                Ok(Seen::Gap) => {}
-                Err(error) => {
-                    tracing::debug!(%error, "the predecessor watch broke; re-reading");
-                    Box::pin(waiting.follow.pause()).await;
-                }
+                Seen::Gap => {}
             }
             // Boxed: `wait` is where a follower idles, and its future should hold room only
-            // for the wait on the watch.
+            // for the wait on the view.
             let queue = Box::pin(self.backend.read_queue(&self.range)).await?;
             let present = |key: &str, created: Option<i64>| {
                 queue.candidates.iter().any(|kv| {
@@ -574,7 +609,7 @@ impl Contender for EtcdContender {
             {
                 break;
             }
-            waiting.follow.read_at(queue.revision);
+            follow.read_at(queue.revision);
         }
         self.waiting = None;
         Ok(())
@@ -589,36 +624,29 @@ impl Contender for EtcdContender {
                 Some(Noticed::Deleted) => return LockLoss::Deleted,
                 None => {}
             }
-            let (Some(follow), Some(created)) = (self.leading.as_mut(), self.created) else {
+            let (Some(follow), Some(created), true) =
+                (self.follow.as_mut(), self.created, self.won)
+            else {
                 self.noticed = Some(Noticed::Deleted);
                 continue;
             };
             let own = self.key.as_bytes();
             match follow.next().await {
-                Ok(Seen::Events(events)) => {
-                    for event in &events {
-                        let Some(kv) = event.kv() else { continue };
-                        let ours = kv.key() == own;
-                        match event.event_type() {
-                            EventType::Delete if ours => self.noticed = Some(Noticed::Deleted),
-                            EventType::Put if !ours && kv.create_revision() < created => {
-                                self.noticed = Some(Noticed::Taken)
-                            }
-                            _ => {}
+                Seen::Changes(changes) => {
+                    self.noticed = changes.iter().find_map(|change| {
+                        let ours = change.key == own;
+                        if change.deleted && ours {
+                            Some(Noticed::Deleted)
+                        } else if !change.deleted && !ours && change.create_revision < created {
+                            Some(Noticed::Taken)
+                        } else {
+                            None
                         }
-                        if self.noticed.is_some() {
-                            break;
-                        }
-                    }
+                    });
                 }
                 // Boxed: `lost` is where a leader idles, and its future should hold room
-                // only for the wait on the watch.
-                Ok(Seen::Gap) => Box::pin(self.recheck()).await,
-                Err(error) => {
-                    tracing::debug!(%error, "the leader's watch broke; re-reading");
-                    Box::pin(follow.pause()).await;
-                    Box::pin(self.recheck()).await;
-                }
+                // only for the wait on the view.
+                Seen::Gap => Box::pin(self.recheck()).await,
             }
         }
     }
@@ -670,7 +698,8 @@ impl Contender for EtcdContender {
 
     async fn release(&mut self) -> Result<()> {
         self.waiting = None;
-        self.leading = None;
+        self.follow = None;
+        self.requests = None;
         self.won = false;
         self.promoted = None;
         self.noticed = None;

@@ -1,5 +1,5 @@
-//! The etcd backend: a lease per session, revision-ordered candidate keys, and a watch on
-//! the one key ahead of yours.
+//! The etcd backend: a lease per session, revision-ordered candidate keys, and one watch of
+//! the key prefix per backend, on which each follower waits for the one key ahead of its own.
 //!
 //! ```no_run
 //! # async fn demo() -> incumbent::Result<()> {
@@ -44,25 +44,25 @@
 //!   queue like any two candidates and never both lead. A key that a contender left behind
 //!   (its release failed) is deleted and written afresh by the next contender of its name,
 //!   never adopted: a key that led once must not lead again with the same token.
-//! - **Followers watch only their predecessor.** A follower watches the delete of the key
-//!   created just before its own, and tries again when it goes: a hand-off wakes exactly one
-//!   candidate, not the whole queue. The follower next in line (its predecessor is the
-//!   holder) watches the keys from the holder's to its own with one watch, whose deletes
-//!   arrive in revision order: the holder's delete, seen before any delete of its own key,
-//!   makes it the holder at that revision, so it wins on the event without another read. A
-//!   hand-off costs one delete and one watch event. The watch is created after the read that
-//!   found the predecessor, and the follower reads once more when etcd confirms the watch, so
-//!   a delete in between is neither missed nor late. (A follower's watch starts from "now":
-//!   etcd serves a watch that starts at a past revision from a catch-up loop that runs only
-//!   every 100 ms.) A watch that breaks is re-established from a fresh read; it never ends
-//!   silently.
-//! - **One watch stream per backend, and bounded requests.** Every watch of an
-//!   [`EtcdBackend`] (leaders', followers' and observers', of every election) shares one gRPC
-//!   stream, so a thousand elections cost a thousand watch ids, not a thousand HTTP/2
-//!   streams. When the stream breaks, every watch re-reads and is re-created on a new one. At
-//!   most [`MAX_REQUESTS_IN_FLIGHT`] other requests are in flight at once; lease keep-alives
-//!   never wait behind them.
-//! - **Losing the key.** The leader watches the election's range: the delete of its key, or
+//! - **One watch per backend.** An [`EtcdBackend`] watches its whole key prefix with one
+//!   watch, from the revision it read when it connected, and routes each event to the
+//!   elections of this process whose range holds the key. Ten thousand elections cost etcd
+//!   one watcher and one stream, and cost no request beyond their own writes and reads. A
+//!   watch that breaks resumes from just after the last revision it delivered, so nothing is
+//!   missed and nothing is read again; only when etcd compacted that history meanwhile does
+//!   every election read its range again. The cost: the process hears of every change under
+//!   the prefix, also of elections it does not take part in, so give unrelated services their
+//!   own prefix ([`EtcdBuilder::prefix`]). At most [`MAX_REQUESTS_IN_FLIGHT`] other requests
+//!   are in flight at once; lease keep-alives never wait behind them.
+//! - **Followers wait only for their predecessor.** A follower waits for the delete of the
+//!   key created just before its own, and tries again when it goes: a hand-off wakes exactly
+//!   one candidate, not the whole queue. The view of the range is taken from the backend's
+//!   watch before the range is read, so a delete in between is neither missed nor late. The
+//!   follower next in line (its predecessor is the holder) sees the deletes of the holder's
+//!   key and its own in revision order: the holder's delete, seen before any delete of its
+//!   own key, makes it the holder at that revision, so it wins on the event without another
+//!   read. A hand-off costs one delete and one watch event.
+//! - **Losing the key.** The leader follows the election's range: the delete of its key, or
 //!   an older key in the range ([`LockTaken`](crate::DemotionReason::LockTaken)), ends the
 //!   term the moment the watch event arrives, with no request to etcd first. Only then, for
 //!   the `Demoted` event, is the lease looked up: the loss is reported as
@@ -202,7 +202,7 @@ struct Inner {
     settings: Settings,
     /// Leases shared by the sessions with equal options.
     leases: SessionPool<lease::Lease>,
-    /// The one watch stream that every watch of this backend shares.
+    /// The one watch of the prefix, which every election of this backend follows.
     watches: watch::Hub,
     /// One permit per request that may be in flight ([`MAX_REQUESTS_IN_FLIGHT`]).
     slots: Arc<Semaphore>,
@@ -277,9 +277,9 @@ impl EtcdBackend {
         EtcdBackend {
             inner: Arc::new(Inner {
                 client,
+                watches: watch::Hub::new(&settings.prefix),
                 settings,
                 leases: SessionPool::default(),
-                watches: watch::Hub::default(),
                 slots: Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
                 batch: batch::Batch::default(),
                 abandoned: std::sync::Mutex::new(VecDeque::new()),
@@ -317,15 +317,22 @@ impl EtcdBackend {
         error::within(self.request_timeout(), what, make()).await
     }
 
-    /// One cheap read of the prefix: proves the cluster answers and the user may read.
+    /// One cheap read of the prefix: proves the cluster answers and the user may read. Then
+    /// starts the backend's watch of the prefix from the read's revision.
     async fn probe(&self) -> Result<()> {
         let options = GetOptions::new().with_prefix().with_count_only();
         let prefix = self.inner.settings.prefix.clone();
-        self.request("reading the key prefix", || async {
-            self.kv().get(prefix, Some(options)).await
-        })
-        .await
-        .map(drop)
+        let response = self
+            .request("reading the key prefix", || async {
+                self.kv().get(prefix, Some(options)).await
+            })
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        let inner = &self.inner;
+        inner
+            .watches
+            .start(&inner.client, revision, self.request_timeout());
+        Ok(())
     }
 
     /// Runs `txn`, a write in the election range `writes_in`, alone or with others waiting
@@ -419,8 +426,13 @@ struct Queue {
 /// The leader a candidate key describes: its stored identity, with the key's create revision
 /// as the fencing token.
 fn leader_of(kv: &KeyValue) -> Leader {
-    let mut leader = Leader::from_bytes(kv.value());
-    leader.fencing_token = Some(token_of(kv.create_revision()));
+    leader_in(kv.value(), kv.create_revision())
+}
+
+/// The leader a candidate key's `value` describes, the key created at `created`.
+fn leader_in(value: &[u8], created: i64) -> Leader {
+    let mut leader = Leader::from_bytes(value);
+    leader.fencing_token = Some(token_of(created));
     leader
 }
 

@@ -1,9 +1,9 @@
-//! Following who leads an etcd election: a watch on its range, and a read when the holder
-//! may have changed.
+//! Following who leads an etcd election: a view of its range on the backend's one watch, and
+//! a read when the holder may have changed.
 
-use etcd_client::{Event, EventType, KeyValue};
+use etcd_client::KeyValue;
 
-use super::watch::{Follow, Seen, Start, Target};
+use super::watch::{Change, Follow, Seen};
 use super::{EtcdBackend, leader_of};
 use crate::Result;
 use crate::backend::{Leader, Observer};
@@ -11,18 +11,21 @@ use crate::backend::{Leader, Observer};
 /// Follows the holder of one etcd election (the key with the lowest create revision in its
 /// range).
 ///
-/// The first [`next`](Observer::next) reads the holder at once. Later calls wait, on a watch
-/// of the range, for an event that can change the holder (its key deleted or rewritten, or a
-/// first key in an empty range), re-read it, and return it if its identity, metadata or
-/// fencing token changed. A change of `since_unix_ms` alone is not reported, but for its first appearance. A watch that
-/// breaks or is cancelled by compaction is re-established from a fresh read; `next` returns
-/// an error only when that read fails, i.e. the store cannot be reached.
+/// The first [`next`](Observer::next) returns the holder at once. Later calls wait, on a view
+/// of the range (on the backend's one watch), for an event that can change the holder (its
+/// key deleted or rewritten, or a first key in an empty range), learn the holder again, and
+/// return it if its identity, metadata or fencing token changed. The holder is read from etcd
+/// only when this process does not know it: a read by a candidate or observer of the
+/// election in this process, kept current by the watch since, tells it (a follower's
+/// acquisition, for its campaign's observer), until the holder's key is deleted. A change of `since_unix_ms` alone is not reported, but for its
+/// first appearance. When the watch lost history (compaction), the holder is read again;
+/// `next` returns an error only when a read fails, i.e. the store cannot be reached.
 pub struct EtcdObserver {
     backend: EtcdBackend,
     range: String,
     /// The holder as last read: its key and what it says.
     holder: Option<(Vec<u8>, Leader)>,
-    follow: Option<Follow>,
+    follow: Follow,
     /// Events may have changed the holder since the last read.
     stale: bool,
     /// The first holder was returned.
@@ -41,41 +44,41 @@ impl std::fmt::Debug for EtcdObserver {
 impl EtcdObserver {
     pub(super) async fn start(backend: EtcdBackend, election: &str) -> Result<EtcdObserver> {
         let range = backend.election_range(election);
+        // Before the first read, so that no change after it is missed.
+        let follow = Follow::new(&backend, &range);
         Ok(EtcdObserver {
             backend,
             range,
             holder: None,
-            follow: None,
+            follow,
             stale: true,
             started: false,
         })
     }
 
-    /// Reads the holder, and tells the watch (or starts one) that changes after the read are
-    /// what matters.
+    /// Learns the holder: from what this process knows of it, if it does (see
+    /// [`Follow::known`]), else from a read.
     async fn read(&mut self) -> Result<()> {
+        if let Some(known) = self.follow.known() {
+            self.holder = known.holder;
+            self.stale = false;
+            return Ok(());
+        }
         let (revision, kv) = self.backend.read_holder(&self.range).await?;
+        self.follow.learn(revision, kv.as_ref());
         self.holder = kv
             .as_ref()
             .map(|kv: &KeyValue| (kv.key().to_vec(), leader_of(kv)));
         self.stale = false;
-        match self.follow.as_mut() {
-            Some(follow) => follow.read_at(revision),
-            None => {
-                let target = Target::Prefix(self.range.clone().into_bytes());
-                let start = Start::After(revision + 1);
-                self.follow = Some(Follow::new(&self.backend, vec![target], false, start));
-            }
-        }
+        self.follow.read_at(revision);
         Ok(())
     }
 
-    /// Whether an event can change the holder.
-    fn matters(&self, event: &Event) -> bool {
-        let Some(kv) = event.kv() else { return false };
+    /// Whether a change can change the holder.
+    fn matters(&self, change: &Change) -> bool {
         match &self.holder {
-            None => event.event_type() == EventType::Put,
-            Some((key, _)) => kv.key() == key.as_slice(),
+            None => !change.deleted,
+            Some((key, _)) => change.key == *key,
         }
     }
 }
@@ -93,7 +96,7 @@ fn identity(holder: &Option<(Vec<u8>, Leader)>) -> Option<Leader> {
 impl Observer for EtcdObserver {
     async fn next(&mut self) -> Result<Option<Leader>> {
         // The reads and the pause are boxed: `next` is where an idle follower (and a leader,
-        // for the request lock) waits, and its future should hold room only for the watch.
+        // for the request lock) waits, and its future should hold room only for the view.
         if !self.started {
             Box::pin(self.read()).await?;
             self.started = true;
@@ -107,21 +110,11 @@ impl Observer for EtcdObserver {
                     return Ok(self.holder.as_ref().map(|(_, leader)| leader.clone()));
                 }
             }
-            let Some(follow) = self.follow.as_mut() else {
-                self.stale = true;
-                continue;
-            };
-            match follow.next().await {
-                Ok(Seen::Events(events)) => {
-                    self.stale = events.iter().any(|event| self.matters(event));
+            match self.follow.next().await {
+                Seen::Changes(changes) => {
+                    self.stale = changes.iter().any(|change| self.matters(change));
                 }
-                Ok(Seen::Gap) => self.stale = true,
-                Err(error) => {
-                    tracing::debug!(%error, "the observer's watch broke; re-reading");
-                    Box::pin(follow.pause()).await;
-                    self.follow = None;
-                    self.stale = true;
-                }
+                Seen::Gap => self.stale = true,
             }
         }
     }

@@ -1,438 +1,698 @@
-//! Watches: every watch of a backend multiplexed on one gRPC stream ([`Hub`]), a watch that
-//! resumes where its owner's last read left off ([`Follow`]), and the back-off between
-//! attempts to re-establish one.
+//! The backend's one watch of its key prefix ([`Hub`]), and the views of one election's range
+//! that its contenders and observers take from it ([`Follow`]).
 //!
-//! One stream per backend, not one per watch: a thousand elections on one backend cost a
-//! thousand small entries in a map here and on the server, not a thousand HTTP/2 streams
-//! with their buffers.
+//! One watch per backend, not one per election: ten thousand elections in a process cost
+//! etcd one watcher, and cost this process a small view each, where a watch per election cost
+//! etcd a watcher each and this process a watch's state each. The hub's task owns the watch.
+//! It starts from the revision the backend read when it connected, and after a break resumes
+//! from just after the last revision it delivered, so a break loses nothing and needs no read.
+//! It routes each event to the views of the election whose range holds the key.
+//!
+//! A view is made *before* its owner's read of the range, so that every change after that
+//! read reaches it: the hub delivers a change only after etcd committed it, so a change the
+//! hub delivered before the view existed was committed before the read was sent, and the read
+//! shows it. Changes at or before the read's revision are dropped from the view when the owner
+//! tells it the revision ([`Follow::read_at`]).
+//!
+//! Only when etcd compacted the history the watch must resume from (a break longer than the
+//! cluster keeps history) does the hub start afresh from a new read of the store's revision,
+//! and every view tells its owner to read again ([`Seen::Gap`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use etcd_client::{Event, WatchClient, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-use tokio::time::{Instant, timeout_at};
+use etcd_client::{
+    Client, Event, EventType, GetOptions, KeyValue, KvClient, WatchClient, WatchOptions,
+};
+use tokio::sync::oneshot;
 
-use super::{EtcdBackend, error};
-use crate::Result;
+use super::{EtcdBackend, SEPARATOR, error, leader_in, leader_of};
+use crate::backend::{Leader, lock};
 use crate::backoff::{Backoff, Retries};
-use crate::queue::{QueueReceiver, QueueSender, queue};
 
 /// The first pause before re-establishing a broken watch.
 const RETRY_INITIAL: Duration = Duration::from_millis(100);
 /// The longest pause between attempts: a store that stays down is tried this often.
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
-/// The one watch stream of an [`EtcdBackend`], shared by all its watches.
-///
-/// A task owns the stream: it is opened with the first watch, routes each response to its
-/// watch by watch id (ids are chosen here, so a response can never be matched to the wrong
-/// watch), and ends when the backend is dropped. When the stream breaks, every watch on it is
-/// told, and the next watch opens a new stream.
-#[derive(Debug, Default)]
+/// How many changes a view holds for an owner that does not take them; past that, they are
+/// dropped, and the owner reads the range again ([`Seen::Gap`]).
+const MAX_PENDING: usize = 1024;
+
+/// The largest watch response accepted. etcd sends the events of one revision in one response,
+/// and one revision can hold every key of the prefix: revoking a lease that 100,000 elections
+/// share deletes their 100,000 keys at once.
+const MAX_RESPONSE_BYTES: usize = 1 << 30;
+
+/// The one watch of an [`EtcdBackend`]: every key under its prefix.
 pub(super) struct Hub {
-    /// Requests to the task that owns the current stream; closed once that task ended.
-    requests: Mutex<Option<UnboundedSender<Request>>>,
-    /// The last watch id handed out. Ids are never reused, not even across streams.
-    last_id: AtomicI64,
+    shared: Arc<Shared>,
+    /// Dropped with the backend, which ends the task and its watch.
+    stop: Mutex<Option<oneshot::Sender<()>>>,
 }
 
-impl Hub {
-    /// A channel to the stream's task, starting a new task if there is none or it ended.
-    fn requests(&self, backend: &EtcdBackend) -> UnboundedSender<Request> {
-        let mut requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
-        match requests.as_ref() {
-            Some(sender) if !sender.is_closed() => sender.clone(),
-            _ => {
-                let (sender, receiver) = unbounded_channel();
-                let client = backend.inner.client.watch_client();
-                tokio::spawn(run_stream(client, receiver, backend.request_timeout()));
-                *requests = Some(sender.clone());
-                sender
-            }
-        }
-    }
-
-    fn next_id(&self) -> i64 {
-        self.last_id.fetch_add(1, Ordering::Relaxed) + 1
-    }
+struct Shared {
+    prefix: Vec<u8>,
+    /// The election ranges (`<prefix><election>@`) that views follow.
+    ranges: Mutex<HashMap<Box<[u8]>, Range>>,
 }
 
-/// What a watch asks of the stream's task.
-enum Request {
-    Create {
-        id: i64,
-        key: Vec<u8>,
-        options: WatchOptions,
-        route: QueueSender<Message>,
-    },
-    Cancel {
-        id: i64,
-    },
+/// One election range that views follow.
+#[derive(Default)]
+struct Range {
+    views: Vec<SharedView>,
+    /// The revision of the newest change delivered in the range (since it was first
+    /// followed).
+    last: i64,
+    /// Who holds the range as of `last`, when a read told and nothing since made it unknown.
+    /// Boxed: most ranges have none, and the map holds room for every range's fields.
+    known: Option<Box<Known>>,
 }
 
-/// What the stream's task tells one watch.
-#[derive(Debug)]
-enum Message {
-    /// The watch exists; it reports every change after `revision`, the store's revision when
-    /// it was created.
-    Created { revision: i64 },
-    /// Events, in revision order (possibly none: a progress report).
-    Events(Vec<Event>),
-    /// The server cancelled this watch.
-    Cancelled(String),
-    /// The stream broke or could not be opened: every watch on it is gone.
-    Broken(String),
-}
-
-/// Owns one watch stream until the backend is dropped or the stream breaks.
-async fn run_stream(
-    mut client: WatchClient,
-    mut requests: UnboundedReceiver<Request>,
-    limit: Duration,
-) {
-    let mut routes: HashMap<i64, QueueSender<Message>> = HashMap::new();
-    // etcd opens a watch stream with its first watch.
-    let mut stream: WatchStream = loop {
-        let Some(request) = requests.recv().await else {
-            return;
-        };
-        // A cancel before any stream is open has nothing to cancel.
-        let Request::Create {
-            id,
-            key,
-            options,
-            route,
-        } = request
-        else {
-            continue;
-        };
-        let opening = client.watch(key, Some(options.with_watch_id(id)));
-        match error::within(limit, "opening the watch stream", opening).await {
-            Ok(stream) => {
-                routes.insert(id, route);
-                break stream;
-            }
-            Err(e) => {
-                // Watches queued behind this one see their channel close: the same news.
-                let _ = route.send(Message::Broken(e.to_string()));
-                return;
-            }
-        }
-    };
-    let broken = loop {
-        tokio::select! {
-            request = requests.recv() => match request {
-                // The backend is gone: dropping the stream cancels it on the server.
-                None => return,
-                Some(Request::Create { id, key, options, route }) => {
-                    routes.insert(id, route);
-                    let adding = stream.watch(key, Some(options.with_watch_id(id)));
-                    if let Err(e) = error::within(limit, "adding a watch", adding).await {
-                        break e.to_string();
-                    }
-                }
-                Some(Request::Cancel { id }) => {
-                    if routes.remove(&id).is_some() {
-                        let cancelling = stream.cancel(id);
-                        if let Err(e) = error::within(limit, "cancelling a watch", cancelling).await {
-                            break e.to_string();
-                        }
-                    }
-                }
-            },
-            message = stream.message() => match message {
-                Ok(Some(response)) => deliver(&mut routes, response),
-                Ok(None) => break "the server closed the watch stream".to_owned(),
-                Err(e) => break error::from_client(e).to_string(),
-            },
-        }
-    };
-    tracing::debug!(watches = routes.len(), reason = %broken, "the watch stream broke");
-    for route in routes.into_values() {
-        let _ = route.send(Message::Broken(broken.clone()));
-    }
-}
-
-/// Passes one response to its watch.
-fn deliver(routes: &mut HashMap<i64, QueueSender<Message>>, response: WatchResponse) {
-    let id = response.watch_id();
-    let message = if response.canceled() {
-        let reason = match response.compact_revision() {
-            0 => format!("the watch was cancelled: {}", response.cancel_reason()),
-            compacted => format!(
-                "the watch was cancelled: its start revision is compacted (up to {compacted})"
-            ),
-        };
-        Message::Cancelled(reason)
-    } else if response.created() {
-        Message::Created {
-            revision: response.header().map_or(0, |h| h.revision()),
-        }
-    } else {
-        Message::Events(response.events().to_vec())
-    };
-    let cancelled = matches!(message, Message::Cancelled(_));
-    let Some(route) = routes.get(&id) else {
-        // Cancelled by its owner meanwhile, or a stream-wide progress report.
-        return;
-    };
-    // A closed route is left alone: its owner's cancel is on its way, and must find it to
-    // cancel the watch on the server too.
-    let _ = route.send(message);
-    if cancelled {
-        routes.remove(&id);
-    }
-}
-
-/// What a [`Follow`] watches.
+/// Who held an election range at a revision, as a read found it and the watch kept it since.
 #[derive(Clone, Debug)]
-pub(super) enum Target {
-    /// One key.
-    Key(Vec<u8>),
-    /// Every key that starts with these bytes.
-    Prefix(Vec<u8>),
-    /// Every key from the first to the second, both included.
-    Between(Vec<u8>, Vec<u8>),
+pub(super) struct Known {
+    /// The holder's key and what it says (with its create revision as the token); `None`: the
+    /// range is empty.
+    pub holder: Option<(Vec<u8>, Leader)>,
+    /// The revision it is known at.
+    pub at: i64,
+    /// The holder's key's create revision.
+    created: i64,
+}
+
+/// A view, shared by its owner's [`Follow`] and the hub.
+type SharedView = Arc<Mutex<View>>;
+
+/// What one owner (a contender, an observer) follows of its election's range.
+struct View {
+    interest: Interest,
+    /// The revision of the owner's last read: changes at or before it are in the read.
+    /// `None` until the first read.
+    read: Option<i64>,
+    /// Changes for the owner, in revision order.
+    changes: Vec<Change>,
+    /// Changes after this revision may be missing: the owner must read again, at this
+    /// revision or later.
+    gap: Option<i64>,
+    waker: Option<Waker>,
+}
+
+/// What a [`Follow`] passes on to its owner.
+#[derive(Clone, Debug)]
+pub(super) enum Interest {
+    /// Every change in the range.
+    Everything,
+    /// Only the deletes of these keys.
+    Deletes(Vec<Vec<u8>>),
+    /// Nothing: the view only keeps the range followed, for what is known of its holder.
+    Nothing,
+}
+
+impl Interest {
+    fn wants(&self, change: &Change) -> bool {
+        match self {
+            Interest::Everything => true,
+            Interest::Deletes(keys) => change.deleted && keys.contains(&change.key),
+            Interest::Nothing => false,
+        }
+    }
+}
+
+/// One change of a key, as the watch reported it.
+#[derive(Clone, Debug)]
+pub(super) struct Change {
+    pub key: Vec<u8>,
+    /// Deleted (else written).
+    pub deleted: bool,
+    /// The key's create revision (0 for a delete).
+    pub create_revision: i64,
+    /// The revision of this change.
+    pub mod_revision: i64,
 }
 
 /// What [`Follow::next`] saw.
 #[derive(Debug)]
 pub(super) enum Seen {
-    /// Events on the targets, in revision order.
-    Events(Vec<Event>),
-    /// The watch was just created: read the targets again and pass the read's revision to
-    /// [`read_at`](Follow::read_at); until then, [`next`](Follow::next) says `Gap` again.
-    /// Changes between the owner's earlier read and the watch's creation are in that read,
-    /// not in the watch. The watch reports every change after its creation, so a change may
-    /// be both in the read and reported afterwards.
+    /// Changes after the owner's last read, in revision order. A change of one revision is
+    /// never split between two `Changes`.
+    Changes(Vec<Change>),
+    /// The owner has not read the range since the view was made, or changes may have been
+    /// missed: read the range, and pass the read's revision to [`read_at`](Follow::read_at);
+    /// until then, [`next`](Follow::next) says `Gap` again.
     Gap,
 }
 
-/// Changes to some keys after the owner's last read of them, on the backend's one watch
-/// stream. The watch is created when first needed, in one of two ways ([`Start`]):
-///
-/// - [`Start::Now`], for a wait whose latency matters (a follower's): the watch starts from
-///   "now", and the owner reads again once the server confirms it ([`Seen::Gap`]). A watch
-///   from just after the owner's read would see the same changes, but etcd serves a watch
-///   that starts in the past from a catch-up loop that runs every 100 ms, so a change made
-///   between the read and the watch's creation (a hand-off, typically) would reach the owner
-///   up to 100 ms late. The header of etcd's answer cannot tell when that happened (etcd
-///   reads the revision it reports before it registers the watch), so the read after the
-///   creation is unconditional: one read per watch, off the critical path of a hand-off
-///   unless the hand-off raced the watch.
-/// - [`Start::After`], where a rare delay of up to 100 ms does not matter (a leader noticing
-///   an operator's delete, an observer): the watch replays the changes since the owner's
-///   read, and needs no second read. If etcd compacted that history meanwhile, the watch is
-///   cancelled and the owner reads again.
-///
-/// Cancel-safe: dropping a `next` future loses nothing, and the watch stays open for the
-/// next call. Dropping the `Follow` cancels its watches.
-pub(super) struct Follow {
-    backend: EtcdBackend,
-    targets: Vec<Target>,
-    deletes_only: bool,
-    start: Start,
-    open: Option<Open>,
-    retry: Retries,
+impl Hub {
+    pub fn new(prefix: &str) -> Hub {
+        Hub {
+            shared: Arc::new(Shared {
+                prefix: prefix.as_bytes().to_vec(),
+                ranges: Mutex::new(HashMap::new()),
+            }),
+            stop: Mutex::new(None),
+        }
+    }
+
+    /// Starts the watch from just after `revision`, a revision read before any view was made.
+    pub fn start(&self, client: &Client, revision: i64, limit: Duration) {
+        let (stop, stopped) = oneshot::channel();
+        let watches = client
+            .watch_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let task = run(
+            self.shared.clone(),
+            watches,
+            client.kv_client(),
+            revision,
+            limit,
+            stopped,
+        );
+        tokio::spawn(task);
+        *lock(&self.stop) = Some(stop);
+    }
 }
 
-/// The watches of a [`Follow`] on the stream; cancelled when dropped.
-struct Open {
-    ids: Vec<i64>,
-    messages: QueueReceiver<Message>,
-    requests: UnboundedSender<Request>,
-    /// Watches whose creation the server has not confirmed yet.
-    unconfirmed: usize,
-    /// When an unconfirmed creation counts as failed.
-    deadline: Instant,
-    /// The latest revision at which one of the watches was created.
-    created: i64,
-    /// The owner read the targets after every watch was created.
-    read_since: bool,
-}
+impl Shared {
+    /// The election range that holds `key`, if any: `<prefix><election>@`.
+    fn range_of<'k>(&self, key: &'k [u8]) -> Option<&'k [u8]> {
+        let rest = key.strip_prefix(self.prefix.as_slice())?;
+        let at = rest.iter().position(|&b| b == SEPARATOR as u8)?;
+        Some(&key[..self.prefix.len() + at + 1])
+    }
 
-/// Where a [`Follow`]'s watch starts.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Start {
-    /// From the store's revision when the watch is created, followed by a read.
-    Now,
-    /// From this revision (the owner's last read's, plus one).
-    After(i64),
-}
+    /// Passes the events of one response to the views of their ranges, and keeps what is
+    /// known of their holders. All under the lock of the ranges, so that a view made (or a
+    /// holder learnt) meanwhile sees each response whole or not at all.
+    fn deliver(&self, events: &[Event]) {
+        let mut ranges = lock(&self.ranges);
+        let mut staged: Vec<(SharedView, Vec<Change>)> = Vec::new();
+        let mut index: HashMap<*const Mutex<View>, usize> = HashMap::new();
+        for event in events {
+            let Some(kv) = event.kv() else { continue };
+            let Some(range) = self
+                .range_of(kv.key())
+                .and_then(|range| ranges.get_mut(range))
+            else {
+                continue;
+            };
+            let change = Change {
+                key: kv.key().to_vec(),
+                deleted: event.event_type() == EventType::Delete,
+                create_revision: kv.create_revision(),
+                mod_revision: kv.mod_revision(),
+            };
+            range.last = range.last.max(change.mod_revision);
+            range.known = range
+                .known
+                .take()
+                .and_then(|known| known.after(&change, kv.value()));
+            for view in &range.views {
+                let at = *index.entry(Arc::as_ptr(view)).or_insert_with(|| {
+                    staged.push((view.clone(), Vec::new()));
+                    staged.len() - 1
+                });
+                staged[at].1.push(change.clone());
+            }
+        }
+        for (view, changes) in staged {
+            let mut view = lock(&view);
+            for change in changes {
+                view.push(change);
+            }
+            view.wake();
+        }
+    }
 
-impl Drop for Open {
-    fn drop(&mut self) {
-        for &id in &self.ids {
-            let _ = self.requests.send(Request::Cancel { id });
+    /// The watch lost changes after `revision` (its history was compacted): every owner
+    /// reads again.
+    fn gap(&self, revision: i64) {
+        let mut ranges = lock(&self.ranges);
+        for range in ranges.values_mut() {
+            range.known = None;
+        }
+        let views: Vec<SharedView> = ranges
+            .values()
+            .flat_map(|range| range.views.iter().cloned())
+            .collect();
+        drop(ranges);
+        for view in views {
+            let mut view = lock(&view);
+            view.changes.clear();
+            view.gap = Some(view.gap.map_or(revision, |gap| gap.max(revision)));
+            view.wake();
         }
     }
 }
 
+impl Known {
+    /// What is known after `change` (which wrote `value`): the holder's key written again, or
+    /// a first key in an empty range, is the holder; the holder's delete makes it unknown (the
+    /// next in line would need a read).
+    fn after(mut self: Box<Self>, change: &Change, value: &[u8]) -> Option<Box<Known>> {
+        let holder = self.holder.as_ref().map(|(key, _)| key.as_slice());
+        if change.deleted {
+            if holder == Some(change.key.as_slice()) {
+                return None;
+            }
+        } else if holder == Some(change.key.as_slice())
+            || holder.is_none()
+            || change.create_revision < self.created
+        {
+            self.holder = Some((change.key.clone(), leader_in(value, change.create_revision)));
+            self.created = change.create_revision;
+        }
+        self.at = change.mod_revision;
+        Some(self)
+    }
+}
+
+impl View {
+    fn push(&mut self, change: Change) {
+        if self.read.is_some_and(|read| change.mod_revision <= read)
+            || !self.interest.wants(&change)
+        {
+            return;
+        }
+        if self.changes.len() >= MAX_PENDING {
+            self.changes.clear();
+            self.gap = Some(
+                self.gap
+                    .map_or(change.mod_revision, |gap| gap.max(change.mod_revision)),
+            );
+            return;
+        }
+        self.changes.push(change);
+    }
+
+    fn wake(&mut self) {
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// Why the watch ended.
+enum Ended {
+    /// The stream broke, or etcd cancelled the watch: resume it.
+    Broken(String),
+    /// etcd no longer has the history the watch would resume from.
+    Compacted(i64),
+}
+
+/// Owns the watch until the backend is dropped.
+async fn run(
+    shared: Arc<Shared>,
+    mut watches: WatchClient,
+    mut kv: KvClient,
+    mut last: i64,
+    limit: Duration,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut retry = retries();
+    loop {
+        let ended = tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            ended = watch_from(&shared, &mut watches, &mut last, limit, &mut retry) => ended,
+        };
+        match ended {
+            Ended::Broken(reason) => {
+                tracing::debug!(%reason, resume_at = last + 1, "the watch broke; resuming it");
+            }
+            Ended::Compacted(compacted) => {
+                let options = GetOptions::new().with_prefix().with_count_only();
+                let reading = error::within(
+                    limit,
+                    "reading the key prefix",
+                    kv.get(shared.prefix.clone(), Some(options)),
+                );
+                let read = tokio::select! {
+                    biased;
+                    _ = &mut stop => return,
+                    read = reading => read,
+                };
+                match read {
+                    Ok(response) => {
+                        let revision = response.header().map_or(0, |h| h.revision());
+                        tracing::debug!(
+                            compacted,
+                            last,
+                            revision,
+                            "etcd compacted the watch's history; every election reads again"
+                        );
+                        shared.gap(revision);
+                        last = revision;
+                        continue;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "cannot read the store's revision; retrying");
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            () = retry.pause() => {}
+        }
+    }
+}
+
+/// Watches the prefix from just after `last`, delivering events and moving `last` on, until
+/// the watch ends.
+async fn watch_from(
+    shared: &Shared,
+    client: &mut WatchClient,
+    last: &mut i64,
+    limit: Duration,
+    retry: &mut Retries,
+) -> Ended {
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(*last + 1)
+        .with_progress_notify();
+    let opening = client.watch(shared.prefix.clone(), Some(options));
+    let mut stream = match error::within(limit, "opening the watch", opening).await {
+        Ok(stream) => stream,
+        Err(e) => return Ended::Broken(e.to_string()),
+    };
+    let mut created = false;
+    loop {
+        let message = if created {
+            stream.message().await
+        } else {
+            match tokio::time::timeout(limit, stream.message()).await {
+                Ok(message) => message,
+                Err(_) => {
+                    return Ended::Broken(format!(
+                        "creating the watch: no answer within {limit:?}"
+                    ));
+                }
+            }
+        };
+        let response = match message {
+            Ok(Some(response)) => response,
+            Ok(None) => return Ended::Broken("the server closed the watch stream".to_owned()),
+            Err(e) => return Ended::Broken(error::from_client(e).to_string()),
+        };
+        if response.canceled() {
+            return match response.compact_revision() {
+                0 => Ended::Broken(format!(
+                    "the watch was cancelled: {}",
+                    response.cancel_reason()
+                )),
+                compacted => Ended::Compacted(compacted),
+            };
+        }
+        if response.created() {
+            created = true;
+            retry.reset();
+            continue;
+        }
+        let events = response.events();
+        let newest = events
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| kv.mod_revision())
+            .max();
+        match newest {
+            Some(newest) => {
+                shared.deliver(events);
+                *last = (*last).max(newest);
+            }
+            // A progress report: every change up to its revision was sent.
+            None => *last = (*last).max(response.header().map_or(0, |h| h.revision())),
+        }
+    }
+}
+
+/// A view of one election's range, on the backend's one watch. Made before the owner's first
+/// read of the range; it hears of every change in the range until told what matters
+/// ([`attend`](Follow::attend)).
+///
+/// Cancel-safe: dropping a `next` future loses nothing. Dropping the `Follow` removes the
+/// view.
+pub(super) struct Follow {
+    shared: Arc<Shared>,
+    range: Box<[u8]>,
+    view: SharedView,
+    retry: Retries,
+}
+
 impl Follow {
-    /// Follows `targets` from `start`; only their deletes if `deletes_only`.
-    pub fn new(
-        backend: &EtcdBackend,
-        targets: Vec<Target>,
-        deletes_only: bool,
-        start: Start,
-    ) -> Follow {
+    /// Follows the changes in `range` (`<prefix><election>@`) from now on.
+    pub fn new(backend: &EtcdBackend, range: &str) -> Follow {
+        let shared = backend.inner.watches.shared.clone();
+        let view = Arc::new(Mutex::new(View {
+            interest: Interest::Everything,
+            read: None,
+            changes: Vec::new(),
+            gap: None,
+            waker: None,
+        }));
+        let range: Box<[u8]> = range.as_bytes().into();
+        lock(&shared.ranges)
+            .entry(range.clone())
+            .or_default()
+            .views
+            .push(view.clone());
         Follow {
-            backend: backend.clone(),
-            targets,
-            deletes_only,
-            start,
-            open: None,
+            shared,
+            range,
+            view,
             retry: retries(),
         }
     }
 
-    /// The next events, or a [`Seen::Gap`]. `Err` when the watch cannot be created, the
-    /// stream breaks, or the server cancels the watch: [`pause`](Follow::pause), read again,
-    /// and pass the read's revision to [`read_at`](Follow::read_at); the next call creates
-    /// the watch again.
-    pub async fn next(&mut self) -> Result<Seen> {
-        let limit = self.backend.request_timeout();
-        let open = match &mut self.open {
-            Some(open) => open,
-            None => self.open.insert(self.create()?),
-        };
-        loop {
-            if open.unconfirmed == 0 && !open.read_since {
-                return Ok(Seen::Gap);
-            }
-            let message = if open.unconfirmed > 0 {
-                // Boxed: only until the watch is confirmed; the idle wait below is what
-                // an election's future should hold room for.
-                match Box::pin(timeout_at(open.deadline, open.messages.recv())).await {
-                    Ok(message) => message,
-                    Err(_) => {
-                        self.open = None;
-                        return Err(error::unavailable(format!(
-                            "creating a watch: no answer within {limit:?}"
-                        )));
-                    }
-                }
-            } else {
-                open.messages.recv().await
-            };
-            match message {
-                Some(Message::Created { revision }) => {
-                    open.unconfirmed = open.unconfirmed.saturating_sub(1);
-                    open.created = open.created.max(revision);
-                    if open.unconfirmed == 0 {
-                        self.retry.reset();
-                    }
-                }
-                Some(Message::Events(events)) if events.is_empty() => {}
-                Some(Message::Events(events)) => {
-                    if let (Start::After(next), Some(last)) = (
-                        &mut self.start,
-                        events
-                            .iter()
-                            .filter_map(|e| e.kv())
-                            .map(|kv| kv.mod_revision())
-                            .max(),
-                    ) {
-                        *next = (*next).max(last + 1);
-                    }
-                    return Ok(Seen::Events(events));
-                }
-                Some(Message::Cancelled(reason)) => {
-                    self.open = None;
-                    return Err(error::unavailable(reason));
-                }
-                Some(Message::Broken(reason)) => {
-                    self.open = None;
-                    return Err(error::unavailable(format!(
-                        "the watch stream broke: {reason}"
-                    )));
-                }
-                None => {
-                    self.open = None;
-                    return Err(error::unavailable("the watch stream closed"));
-                }
-            }
-        }
+    /// Who holds the range now, if that is known (a read in this process found it, and the
+    /// watch kept it since); the view is then as if its owner had read the range at that
+    /// revision, and no read is needed.
+    pub fn known(&mut self) -> Option<Known> {
+        let known = lock(&self.shared.ranges)
+            .get(&self.range)
+            .and_then(|range| range.known.as_deref().cloned())?;
+        // A response delivered since is in the view too, with its changes after `at`.
+        self.read_at(known.at);
+        Some(known)
     }
 
-    /// Sleeps before the next attempt to re-establish the watch, longer after each failure.
+    /// Tells what a read of the range at `revision` found it to hold (`holder`: its oldest
+    /// key), for other views of the range to use (see [`known`](Self::known)). Kept only if
+    /// nothing in the range changed since the read, as far as the watch delivered.
+    pub fn learn(&self, revision: i64, holder: Option<&KeyValue>) {
+        let mut ranges = lock(&self.shared.ranges);
+        let Some(range) = ranges.get_mut(&self.range) else {
+            return;
+        };
+        if range.last > revision || range.known.as_ref().is_some_and(|k| k.at > revision) {
+            return;
+        }
+        range.known = Some(Box::new(Known {
+            holder: holder.map(|kv| (kv.key().to_vec(), leader_of(kv))),
+            at: revision,
+            created: holder.map_or(0, |kv| kv.create_revision()),
+        }));
+    }
+
+    /// From now on passes on only what `interest` names (the changes held already too).
+    pub fn attend(&mut self, interest: Interest) {
+        let mut view = lock(&self.view);
+        view.changes.retain(|change| interest.wants(change));
+        view.interest = interest;
+    }
+
+    /// Tells the view that its owner read the range at `revision`: changes up to it are
+    /// dropped, and a [`Seen::Gap`] is resolved if the read is recent enough.
+    pub fn read_at(&mut self, revision: i64) {
+        let mut view = lock(&self.view);
+        view.read = Some(view.read.map_or(revision, |read| read.max(revision)));
+        if view.gap.is_some_and(|gap| revision >= gap) {
+            view.gap = None;
+        }
+        view.changes.retain(|change| change.mod_revision > revision);
+        self.retry.reset();
+    }
+
+    /// The next changes, or a [`Seen::Gap`].
+    pub async fn next(&mut self) -> Seen {
+        poll_fn(|cx| {
+            let mut view = lock(&self.view);
+            if view.read.is_none() || view.gap.is_some() {
+                return Poll::Ready(Seen::Gap);
+            }
+            if !view.changes.is_empty() {
+                return Poll::Ready(Seen::Changes(std::mem::take(&mut view.changes)));
+            }
+            if !view.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                view.waker = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Sleeps before the owner's next read after a failed one, longer after each failure.
     pub async fn pause(&mut self) {
         self.retry.pause().await;
     }
+}
 
-    /// Tells the watch that its owner read the targets at `revision`. Resolves a
-    /// [`Seen::Gap`] when the read is at least as recent as the watch; a watch that starts
-    /// [`After`](Start::After) a revision is created again from this read on.
-    pub fn read_at(&mut self, revision: i64) {
-        if let Start::After(next) = &mut self.start {
-            *next = (*next).max(revision + 1);
-        }
-        if let Some(open) = self.open.as_mut()
-            && open.unconfirmed == 0
-            && revision >= open.created
-        {
-            open.read_since = true;
-        }
-    }
-
-    /// Asks the stream's task for one watch per target, all routed to one channel.
-    fn create(&self) -> Result<Open> {
-        if self.targets.is_empty() {
-            return Err(error::store("nothing to watch"));
-        }
-        let hub = &self.backend.inner.watches;
-        let requests = hub.requests(&self.backend);
-        let (route, messages) = queue();
-        let mut open = Open {
-            ids: Vec::with_capacity(self.targets.len()),
-            messages,
-            requests: requests.clone(),
-            unconfirmed: self.targets.len(),
-            deadline: Instant::now() + self.backend.request_timeout(),
-            created: 0,
-            // A replaying watch misses nothing since the owner's read.
-            read_since: matches!(self.start, Start::After(_)),
-        };
-        for target in &self.targets {
-            let (key, options) = match target {
-                Target::Key(key) => (key.clone(), WatchOptions::new()),
-                Target::Prefix(key) => (key.clone(), WatchOptions::new().with_prefix()),
-                Target::Between(first, last) => {
-                    let mut end = last.clone();
-                    end.push(0);
-                    (first.clone(), WatchOptions::new().with_range(end))
-                }
-            };
-            let mut options = match self.start {
-                Start::Now => options,
-                Start::After(revision) => options.with_start_revision(revision),
-            };
-            if self.deletes_only {
-                options = options.with_filters([WatchFilterType::NoPut]);
-            }
-            let id = hub.next_id();
-            open.ids.push(id);
-            let request = Request::Create {
-                id,
-                key,
-                options,
-                route: route.clone(),
-            };
-            if requests.send(request).is_err() {
-                return Err(error::unavailable("the watch stream closed"));
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let mut ranges = lock(&self.shared.ranges);
+        if let Some(range) = ranges.get_mut(&self.range) {
+            range.views.retain(|view| !Arc::ptr_eq(view, &self.view));
+            if range.views.is_empty() {
+                ranges.remove(&self.range);
             }
         }
-        Ok(open)
     }
 }
 
-/// Back-off for re-establishing a watch: from [`RETRY_INITIAL`] up to [`RETRY_MAX`].
+/// Back-off for re-establishing a watch, or reading again: from [`RETRY_INITIAL`] up to
+/// [`RETRY_MAX`].
 pub(super) fn retries() -> Retries {
     Retries::new(Backoff {
         initial: RETRY_INITIAL,
         max: RETRY_MAX,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(prefix: &str) -> Shared {
+        Shared {
+            prefix: prefix.as_bytes().to_vec(),
+            ranges: Mutex::new(HashMap::new()),
+        }
+    }
+
+    #[test]
+    fn a_key_belongs_to_the_range_up_to_its_first_separator() {
+        let hub = shared("app@1/");
+        assert_eq!(
+            hub.range_of(b"app@1/jobs@7f.1"),
+            Some(&b"app@1/jobs@"[..]),
+            "a separator in the prefix does not count"
+        );
+        assert_eq!(hub.range_of(b"app@1/jobs"), None);
+        assert_eq!(hub.range_of(b"other/jobs@7f"), None);
+        assert_eq!(shared("").range_of(b"a/b@1"), Some(&b"a/b@"[..]));
+    }
+
+    fn change(key: &str, deleted: bool, revision: i64) -> Change {
+        Change {
+            key: key.as_bytes().to_vec(),
+            deleted,
+            create_revision: if deleted { 0 } else { revision },
+            mod_revision: revision,
+        }
+    }
+
+    fn view() -> View {
+        View {
+            interest: Interest::Everything,
+            read: Some(10),
+            changes: Vec::new(),
+            gap: None,
+            waker: None,
+        }
+    }
+
+    #[test]
+    fn a_view_keeps_what_its_owner_wants_after_its_read() {
+        let mut view = view();
+        view.push(change("e@a", false, 9));
+        view.push(change("e@a", false, 10));
+        view.push(change("e@a", false, 11));
+        assert_eq!(
+            view.changes.len(),
+            1,
+            "changes up to the read are in the read"
+        );
+        view.interest = Interest::Deletes(vec![b"e@b".to_vec()]);
+        view.push(change("e@a", true, 12));
+        view.push(change("e@b", false, 13));
+        view.push(change("e@b", true, 14));
+        let kept: Vec<i64> = view.changes.iter().map(|c| c.mod_revision).collect();
+        assert_eq!(kept, [11, 14]);
+    }
+
+    #[test]
+    fn the_holder_is_kept_known_until_its_key_goes() {
+        let value = |id: &str| {
+            Leader {
+                candidate: crate::backend::Candidate {
+                    id: id.to_owned(),
+                    metadata: Default::default(),
+                },
+                fencing_token: None,
+                since_unix_ms: None,
+            }
+            .to_bytes()
+        };
+        let id = |known: &Option<Box<Known>>| {
+            known.as_ref().map(|k| {
+                k.holder
+                    .as_ref()
+                    .map(|(_, leader)| (leader.candidate.id.clone(), leader.fencing_token))
+            })
+        };
+        let empty = Box::new(Known {
+            holder: None,
+            at: 10,
+            created: 0,
+        });
+        let first = empty.after(&change("e@a", false, 11), &value("a"));
+        assert_eq!(
+            id(&first),
+            Some(Some(("a".into(), Some(11)))),
+            "a first key leads"
+        );
+        let behind = first.and_then(|k| k.after(&change("e@b", false, 12), &value("b")));
+        assert_eq!(
+            id(&behind),
+            Some(Some(("a".into(), Some(11)))),
+            "b queues behind a"
+        );
+        let follower_gone = behind.and_then(|k| k.after(&change("e@b", true, 13), &[]));
+        assert_eq!(follower_gone.as_ref().map(|k| k.at), Some(13));
+        let proclaimed =
+            follower_gone.and_then(|k| k.after(&change_of("e@a", 11, 14), &value("a2")));
+        assert_eq!(
+            id(&proclaimed),
+            Some(Some(("a2".into(), Some(11)))),
+            "the holder's value is rewritten, its token stays"
+        );
+        let gone = proclaimed.and_then(|k| k.after(&change("e@a", true, 15), &[]));
+        assert!(gone.is_none(), "who is next needs a read");
+    }
+
+    /// A write of a key created at `created`, at `revision`.
+    fn change_of(key: &str, created: i64, revision: i64) -> Change {
+        Change {
+            create_revision: created,
+            ..change(key, false, revision)
+        }
+    }
+
+    #[test]
+    fn a_view_that_overflows_asks_for_a_read_after_the_newest_change() {
+        let mut view = view();
+        for revision in 11..11 + MAX_PENDING as i64 + 5 {
+            view.push(change("e@a", false, revision));
+        }
+        assert_eq!(view.gap, Some(11 + MAX_PENDING as i64));
+        assert_eq!(
+            view.changes.len(),
+            4,
+            "later changes are kept for after the read"
+        );
+    }
 }
