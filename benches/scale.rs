@@ -351,9 +351,11 @@ async fn one_process<B: Backend>(
         print_etcd_gauges(addr).await;
     }
     let stopping = Instant::now();
+    let cpu_at_stop = (cpu_time(), server_cpu_time());
     stop_all(campaigns).await;
     let shutdown = stopping.elapsed();
     println!("  shutdown (all released): {:.3} s", shutdown.as_secs_f64());
+    print_cpu_since("all released", cpu_at_stop);
     Row {
         backend: name,
         elections: count,
@@ -400,19 +402,33 @@ async fn until_roles(
 ) -> usize {
     let deadline = Instant::now() + limit;
     loop {
-        let (mut leaders, mut followers) = (0, 0);
-        for c in campaigns {
-            match c.status().borrow().role {
-                Role::Leader => leaders += 1,
-                Role::Follower => followers += 1,
-                _ => {}
-            }
-        }
+        let scan = Instant::now();
+        let (leaders, followers) = roles(campaigns.iter());
         if done(leaders, followers) || Instant::now() > deadline {
             return leaders;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        pause_after(scan, Duration::from_millis(5)).await;
     }
+}
+
+/// How many of `campaigns` lead, and how many follow.
+fn roles<'a>(campaigns: impl Iterator<Item = &'a Campaign>) -> (usize, usize) {
+    let (mut leaders, mut followers) = (0, 0);
+    for c in campaigns {
+        match c.status().borrow().role {
+            Role::Leader => leaders += 1,
+            Role::Follower => followers += 1,
+            _ => {}
+        }
+    }
+    (leaders, followers)
+}
+
+/// Sleeps between two scans of the campaigns' roles: at least `floor`, and nine times as
+/// long as the scan that began at `scan` took, so that the benchmark's own counting (100,000
+/// statuses take milliseconds) uses at most a tenth of a core.
+async fn pause_after(scan: Instant, floor: Duration) {
+    tokio::time::sleep(floor.max(scan.elapsed() * 9)).await;
 }
 
 async fn stop_all(campaigns: Vec<Campaign>) {
@@ -635,6 +651,7 @@ async fn etcd_followers(args: &Args) {
     );
     if args.no_restart {
         let stopping = Instant::now();
+        let cpu_at_stop = (cpu_time(), server_cpu_time());
         let all = procs
             .into_iter()
             .map(|campaigns| tokio::spawn(stop_all(campaigns)));
@@ -645,6 +662,7 @@ async fn etcd_followers(args: &Args) {
             "  shutdown of every process at once (all released): {:.2} s",
             stopping.elapsed().as_secs_f64()
         );
+        print_cpu_since("all released", cpu_at_stop);
         return;
     }
 
@@ -692,18 +710,12 @@ async fn etcd_followers(args: &Args) {
 async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
     let deadline = Instant::now() + STEP_LIMIT;
     loop {
-        let (mut l, mut f) = (0, 0);
-        for c in all {
-            match c.status().borrow().role {
-                Role::Leader => l += 1,
-                Role::Follower => f += 1,
-                _ => {}
-            }
-        }
+        let scan = Instant::now();
+        let (l, f) = roles(all.iter().copied());
         if (l == leaders && f == followers) || Instant::now() > deadline {
             return format!("{l} leaders, {f} followers");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        pause_after(scan, Duration::from_millis(20)).await;
     }
 }
 

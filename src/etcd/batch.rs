@@ -8,19 +8,20 @@
 //! and one round trip for many elections, each nested transaction with its own compares.
 //!
 //! A batch etcd refuses as a whole (one lease gone, two writes of one key) is sent again one
-//! transaction at a time, so each gets its own answer. A caller that gives up (a timeout, a
-//! cancelled acquisition) takes its transaction out of the queue if it has not been sent; once
+//! transaction at a time, so each gets its own answer. A transaction whose caller gave up (a
+//! timeout, a cancelled release) before it was sent is dropped from the queue unsent; once
 //! sent, it runs to its answer, which nobody reads.
 //!
-//! Releases and the marks of a term's start go through it: 10,000 elections shutting down at
-//! once release in about 1 s instead of 1.7. Acquisitions and reads do not. Batched
-//! acquisitions were no faster once bounded (10,000 elections led in 2.5 to 2.9 s, 100,000 in
-//! 47 to 50), and with up to 4,096 transactions in flight 100,000 elections never settled;
-//! batched reads were tried only with an earlier version of this queue, whose timeout counted
-//! the wait in the queue (BENCHMARKS.md, "Scale").
+//! Acquisitions (the write of a candidate key, with its reads of the election), releases and
+//! the marks of a term's start go through it. 100,000 elections in one process lead in about
+//! 6 s, where unbatched acquisitions took 20 to 24 s.
+//! (Batched acquisitions were tried before, when each election also created its own watches
+//! and read its request lock: they were no faster then, since those requests, which no batch
+//! takes, were most of the work; with up to 4,096 transactions in flight 100,000 elections
+//! never settled, hence [`MAX_BATCHED_IN_FLIGHT`]. BENCHMARKS.md, "Scale".) Plain reads are
+//! not batched.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
@@ -32,8 +33,10 @@ use tokio::time::timeout;
 use super::EtcdBackend;
 
 /// At most this many transactions in one: etcd's `--max-txn-ops` (128 by default) bounds the
-/// operations at each level of a transaction.
-pub(super) const MAX_BATCH: usize = 16;
+/// operations at each level of a transaction. 64 against 16: 100,000 elections led in 6.9 to
+/// 7.0 s against 7.4 to 8.6 (etcd's CPU 5.1 s against 6.3 to 7.4), and shut down in 4.6 to
+/// 5.5 s against 5.6 to 6.2.
+pub(super) const MAX_BATCH: usize = 64;
 
 /// A transaction's answer, with the revision it was applied at (a nested transaction's
 /// answer has no header of its own).
@@ -52,9 +55,6 @@ pub(super) enum Failure {
 }
 
 struct Pending {
-    id: u64,
-    /// Set once the transaction is taken into a batch.
-    taken: Arc<AtomicBool>,
     /// The election range the transaction writes in: at most one transaction per election in
     /// a batch, since every write of a batch lands at one revision, and two keys of one
     /// election created at one revision would tie for the lead (and for the token).
@@ -63,15 +63,16 @@ struct Pending {
     done: oneshot::Sender<Answer>,
 }
 
-/// At most this many transactions in flight in batches, counted one by one (a batch of 16
-/// counts 16): twice what the request slots let through unbatched. Bounded because, with up
-/// to 4,096 in flight, a mass start of 100,000 elections did not settle (BENCHMARKS.md).
-pub(super) const MAX_BATCHED_IN_FLIGHT: u32 = 128;
+/// At most this many transactions in flight in batches, counted one by one (a batch of 64
+/// counts 64): eight full batches. Bounded because, with up to 4,096 in flight (and each
+/// election's watches and reads beside them), a mass start of 100,000 elections did not settle
+/// (BENCHMARKS.md). 512 against 128 (two full batches): 100,000 elections led in 5.7 s against
+/// 6.9, and shut down in 3.4 to 4.9 s against 4.6 to 5.5.
+pub(super) const MAX_BATCHED_IN_FLIGHT: u32 = 512;
 
 /// The transactions waiting for a slot.
 pub(super) struct Batch {
     queue: Mutex<Queue>,
-    next_id: AtomicU64,
     /// [`MAX_BATCHED_IN_FLIGHT`] permits.
     in_flight: Arc<tokio::sync::Semaphore>,
 }
@@ -80,7 +81,6 @@ impl Default for Batch {
     fn default() -> Self {
         Batch {
             queue: Mutex::default(),
-            next_id: AtomicU64::new(0),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_BATCHED_IN_FLIGHT as usize)),
         }
     }
@@ -115,11 +115,16 @@ impl Batch {
             && taken.len() + kept.len() < 2 * MAX_BATCH
             && let Some(pending) = queue.pop_front()
         {
+            // Its caller went (a timeout, a cancelled release): not sent. Dropped here, in
+            // the queue's order, rather than searched for when the caller goes: a thousand
+            // callers that give up together would each search the whole queue.
+            if pending.done.is_closed() {
+                continue;
+            }
             let clash = taken.iter().any(|t| t.writes_in == pending.writes_in);
             if clash {
                 kept.push(pending);
             } else {
-                pending.taken.store(true, Ordering::Release);
                 taken.push(pending);
             }
         }
@@ -130,46 +135,20 @@ impl Batch {
     }
 }
 
-/// Takes a caller's transaction out of the queue when the caller goes, unless it was taken.
-struct Queued<'a> {
-    batch: &'a Batch,
-    id: u64,
-    taken: Arc<AtomicBool>,
-}
-
-impl Queued<'_> {
-    fn taken(&self) -> bool {
-        self.taken.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Queued<'_> {
-    fn drop(&mut self) {
-        if !self.taken() {
-            self.batch.lock().pending.retain(|p| p.id != self.id);
-        }
-    }
-}
-
 /// Runs `txn`, a write in the election range `writes_in`, alone or with the others waiting
 /// for a slot. Timed from its send (see [`Failure::NoAnswer`]).
 pub(super) async fn txn(backend: &EtcdBackend, writes_in: &str, txn: Txn) -> Answer {
     let batch = &backend.inner.batch;
-    let id = batch.next_id.fetch_add(1, Ordering::Relaxed);
     let (done, answer) = oneshot::channel();
-    let taken = Arc::new(AtomicBool::new(false));
     let start_sender = {
         let mut queue = batch.lock();
         queue.pending.push_back(Pending {
-            id,
-            taken: taken.clone(),
             writes_in: writes_in.to_owned(),
             txn,
             done,
         });
         !std::mem::replace(&mut queue.sending, true)
     };
-    let _queued = Queued { batch, id, taken };
     if start_sender {
         tokio::spawn(sender(backend.clone()));
     }
@@ -279,35 +258,32 @@ async fn alone(kv: &mut KvClient, txn: Txn, limit: Duration) -> Answer {
 mod tests {
     use super::*;
 
-    fn pending(batch: &Batch, writes_in: &str) -> (u64, oneshot::Receiver<Answer>) {
-        let id = batch.next_id.fetch_add(1, Ordering::Relaxed);
+    fn pending(batch: &Batch, writes_in: &str) -> oneshot::Receiver<Answer> {
         let (done, answer) = oneshot::channel();
         batch.lock().pending.push_back(Pending {
-            id,
-            taken: Arc::new(AtomicBool::new(false)),
             writes_in: writes_in.to_owned(),
             txn: Txn::new(),
             done,
         });
-        (id, answer)
+        answer
     }
 
-    fn ids(pendings: &[Pending]) -> Vec<u64> {
-        pendings.iter().map(|p| p.id).collect()
+    fn ranges(pendings: &[Pending]) -> Vec<&str> {
+        pendings.iter().map(|p| p.writes_in.as_str()).collect()
     }
 
     #[test]
     fn a_batch_holds_one_transaction_per_election_and_keeps_the_order() {
         let batch = Batch::default();
-        let (e1, _a) = pending(&batch, "e1@");
-        let (e1_again, _b) = pending(&batch, "e1@");
-        let (e2, _c) = pending(&batch, "e2@");
-        let taken = batch.take();
-        assert_eq!(ids(&taken), vec![e1, e2]);
-        assert!(taken.iter().all(|p| p.taken.load(Ordering::Acquire)));
+        let _answers = [
+            pending(&batch, "e1@"),
+            pending(&batch, "e1@"),
+            pending(&batch, "e2@"),
+        ];
+        assert_eq!(ranges(&batch.take()), ["e1@", "e2@"]);
         // The second write of e1 waits for the next batch, first in line.
-        let (later, _d) = pending(&batch, "e3@");
-        assert_eq!(ids(&batch.take()), vec![e1_again, later]);
+        let _later = pending(&batch, "e3@");
+        assert_eq!(ranges(&batch.take()), ["e1@", "e3@"]);
         assert!(batch.take().is_empty());
     }
 
@@ -323,15 +299,12 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_that_goes_takes_its_transaction_out_of_the_queue() {
+    fn the_transaction_of_a_caller_that_went_is_not_sent() {
         let batch = Batch::default();
-        let (id, _answer) = pending(&batch, "e1@");
-        let taken = batch.lock().pending[0].taken.clone();
-        drop(Queued {
-            batch: &batch,
-            id,
-            taken,
-        });
+        let gone = pending(&batch, "e1@");
+        let _kept = pending(&batch, "e2@");
+        drop(gone);
+        assert_eq!(ranges(&batch.take()), ["e2@"]);
         assert!(batch.lock().pending.is_empty());
     }
 }

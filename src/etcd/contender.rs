@@ -197,22 +197,18 @@ impl EtcdContender {
                 TxnOp::get(self.range.clone(), Some(super::queue_options())),
                 TxnOp::get(requests, Some(holder_options)),
             ]);
-        let backend = self.backend.clone();
+        let (backend, range) = (self.backend.clone(), self.range.clone());
         let response = self
             .writing
             .run(async move {
-                backend
-                    .request("writing the candidate key", || async {
-                        match backend.kv().txn(txn).await {
-                            Err(e) if error::is_lease_not_found(&e) => Ok(None),
-                            Err(e) => Err(e),
-                            Ok(response) => {
-                                let revision = response.header().map_or(0, |h| h.revision());
-                                Ok(Some((response, revision)))
-                            }
-                        }
-                    })
-                    .await
+                match super::batch::txn(&backend, &range, txn).await {
+                    Err(super::batch::Failure::Etcd(e)) if error::is_lease_not_found(&e) => {
+                        Ok(None)
+                    }
+                    answer => backend
+                        .answer("writing the candidate key", answer)
+                        .map(Some),
+                }
             })
             .await
             .map_err(|e| error::store(format!("writing the candidate key failed: {e}")))??;

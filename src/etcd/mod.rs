@@ -339,18 +339,21 @@ impl EtcdBackend {
     /// for a slot ([`batch`]), bounded by the request timeout once sent; with the revision it
     /// was applied at.
     async fn batched(&self, what: &str, writes_in: &str, txn: Txn) -> Result<(TxnResponse, i64)> {
-        batch::txn(self, writes_in, txn)
-            .await
-            .map_err(|failure| match failure {
-                batch::Failure::Etcd(error) => error::from_client(error),
-                batch::Failure::NoAnswer => error::unavailable(format!(
-                    "{what}: no answer within {:?}",
-                    self.request_timeout()
-                )),
-                batch::Failure::Dropped => {
-                    error::unavailable(format!("{what}: the backend's requests were closed"))
-                }
-            })
+        self.answer(what, batch::txn(self, writes_in, txn).await)
+    }
+
+    /// A batched transaction's answer, its failure as an error that says what failed.
+    fn answer(&self, what: &str, answer: batch::Answer) -> Result<(TxnResponse, i64)> {
+        answer.map_err(|failure| match failure {
+            batch::Failure::Etcd(error) => error::from_client(error),
+            batch::Failure::NoAnswer => error::unavailable(format!(
+                "{what}: no answer within {:?}",
+                self.request_timeout()
+            )),
+            batch::Failure::Dropped => {
+                error::unavailable(format!("{what}: the backend's requests were closed"))
+            }
+        })
     }
 
     /// Reads the candidates of a range, oldest first, with the read's revision.
