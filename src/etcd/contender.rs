@@ -61,9 +61,9 @@ pub struct EtcdContender {
     follow: Option<Follow>,
     /// While following: whom we wait for.
     waiting: Option<Waiting>,
-    /// From a write of our key until we follow or go: a view of the election's request lock
-    /// (which the write's transaction read), so that this process knows who holds it and the
-    /// leader's observer of it need not read it.
+    /// From a write of our key until we follow, or lead and the request lock is observed: a
+    /// view of the election's request lock (which the write's transaction read), so that this
+    /// process knows who holds it and the leader's observer of it need not read it.
     requests: Option<Follow>,
     /// `wait` saw the delete of the only key older than ours, ahead of any delete of ours, at
     /// this revision: from then on we lead, without reading the range again.
@@ -612,6 +612,12 @@ impl Contender for EtcdContender {
     }
 
     async fn lost(&mut self) -> LockLoss {
+        // Once the leader's observer of the request lock follows it (from the campaign's
+        // first turn, before `lost` is polled again), this view's work is done: what it knew
+        // is the range's.
+        if self.requests.as_ref().is_some_and(Follow::shared) {
+            self.requests = None;
+        }
         loop {
             match self.noticed {
                 // Reported at once, with no question to etcd in between: see `explain`.

@@ -535,6 +535,13 @@ impl Follow {
         .await
     }
 
+    /// Whether another view follows the range too.
+    pub fn shared(&self) -> bool {
+        lock(&self.shared.ranges)
+            .get(&self.range)
+            .is_some_and(|range| range.views.len() > 1)
+    }
+
     /// Sleeps before the owner's next read after a failed one, longer after each failure.
     pub async fn pause(&mut self) {
         self.retry.pause().await;
