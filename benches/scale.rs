@@ -11,7 +11,9 @@
 //!   so one lease or session) runs `E` elections for each `E` of `--counts`: time until all
 //!   lead, live heap and resident memory per election once settled, the heap's live blocks
 //!   by size (where the bytes go), CPU and store requests while idle, and the time to shut
-//!   all down (every lock released).
+//!   all down (every lock released); for the start and the shutdown, the CPU this process
+//!   and the store's server used (when the benchmark started the server) and the
+//!   allocations per election.
 //! - `etcd-followers`: `--processes` backends (each its own connection, identity and lease,
 //!   as separate processes would have) contend for the same `--count` elections; how
 //!   leadership spreads, etcd's write rate and watch count while settled and during a rolling
@@ -47,6 +49,8 @@ struct Counting;
 
 const CLASSES: usize = 80;
 static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+/// Allocations made (`alloc` and `realloc` calls), ever.
+static ALLOCATIONS: AtomicI64 = AtomicI64::new(0);
 static LIVE_BLOCKS: [AtomicI64; CLASSES] = [const { AtomicI64::new(0) }; CLASSES];
 
 /// Size classes: 16-byte steps to 1 KiB (64 classes), then powers of two.
@@ -71,6 +75,7 @@ fn class_label(class: usize) -> String {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = unsafe { System.alloc(layout) };
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         if !p.is_null() {
             LIVE_BYTES.fetch_add(layout.size() as i64, Ordering::Relaxed);
             LIVE_BLOCKS[class(layout.size())].fetch_add(1, Ordering::Relaxed);
@@ -84,6 +89,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         if !p.is_null() {
             LIVE_BYTES.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
             LIVE_BLOCKS[class(layout.size())].fetch_sub(1, Ordering::Relaxed);
@@ -308,6 +314,7 @@ async fn one_process<B: Backend>(
     let blocks_before = blocks();
     let start = Instant::now();
     let cpu_at_start = (cpu_time(), server_cpu_time());
+    let allocations_at_start = ALLOCATIONS.load(Ordering::Relaxed);
     let campaigns: Vec<Campaign> = (0..count)
         .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
         .collect();
@@ -318,6 +325,7 @@ async fn one_process<B: Backend>(
         to_all_led.as_secs_f64()
     );
     print_cpu_since("all led", cpu_at_start);
+    print_allocations_since("all led", allocations_at_start, count);
     // Settle: the leaders' marks written, their watches in place.
     tokio::time::sleep(Duration::from_secs(2)).await;
     trim();
@@ -352,10 +360,12 @@ async fn one_process<B: Backend>(
     }
     let stopping = Instant::now();
     let cpu_at_stop = (cpu_time(), server_cpu_time());
+    let allocations_at_stop = ALLOCATIONS.load(Ordering::Relaxed);
     stop_all(campaigns).await;
     let shutdown = stopping.elapsed();
     println!("  shutdown (all released): {:.3} s", shutdown.as_secs_f64());
     print_cpu_since("all released", cpu_at_stop);
+    print_allocations_since("all released", allocations_at_stop, count);
     Row {
         backend: name,
         elections: count,
@@ -816,6 +826,15 @@ fn server_cpu_time() -> Option<Duration> {
     // SAFETY: sysconf only reads a configuration value.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
     Some(Duration::from_millis(ticks * 1000 / hz.max(1)))
+}
+
+/// Prints how many allocations this process made since there were `from`, per election.
+fn print_allocations_since(until: &str, from: i64, elections: usize) {
+    let made = ALLOCATIONS.load(Ordering::Relaxed) - from;
+    println!(
+        "  allocations until {until}: {:.0} per election",
+        made as f64 / elections as f64
+    );
 }
 
 /// Prints the CPU time this process and the store's server used since `from`.
