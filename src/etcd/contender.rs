@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use etcd_client::{
-    Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 
 use super::lease::{Lease, free_key};
@@ -189,7 +190,11 @@ impl EtcdContender {
             )])
             .and_then([
                 TxnOp::put(self.key.clone(), self.value(None), Some(self.put_options())),
-                TxnOp::get(self.range.clone(), Some(super::queue_options())),
+                // Our key is the newest of the range now: the holder, and the two newest (ours
+                // and the one just before it), are all of the queue a candidate acts on, and
+                // cost etcd (and this process) less than the whole queue.
+                TxnOp::get(self.range.clone(), Some(holder_options.clone())),
+                TxnOp::get(self.range.clone(), Some(newest_two())),
                 TxnOp::get(requests.clone(), Some(holder_options.clone())),
             ])
             .or_else([
@@ -224,15 +229,18 @@ impl EtcdContender {
                 TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
                 _ => None,
             });
-        let learn = |reads: &mut dyn Iterator<Item = Vec<KeyValue>>| {
-            let candidates = reads.next().unwrap_or_default();
+        let learn = |reads: &mut dyn Iterator<Item = Vec<KeyValue>>, written: bool| {
+            let mut candidates = reads.next().unwrap_or_default();
+            if written {
+                candidates = with_newest(candidates, reads.next().unwrap_or_default());
+            }
             let request = reads.next().and_then(|kvs| kvs.into_iter().next());
             view.learn(revision, request.as_ref());
             self.requests = Some(view);
             candidates
         };
         if response.succeeded() {
-            let candidates = learn(&mut reads);
+            let candidates = learn(&mut reads, true);
             self.created = Some(revision);
             return Ok(Some(Queue {
                 revision,
@@ -242,7 +250,7 @@ impl EtcdContender {
         let existing = reads.next().and_then(|kvs| kvs.into_iter().next());
         match existing {
             Some(kv) if kv.lease() == self.lease.id && adopt => {
-                let candidates = learn(&mut reads);
+                let candidates = learn(&mut reads, false);
                 self.created = Some(kv.create_revision());
                 return Ok(Some(Queue {
                     revision,
@@ -721,6 +729,27 @@ impl Contender for EtcdContender {
         self.forget();
         Ok(())
     }
+}
+
+/// How the newest two keys of a range are read: by create revision, newest first.
+fn newest_two() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
+}
+
+/// The part of a queue a fresh candidate acts on, oldest first: the holder (`holder`, at most
+/// one key), and the newest two keys (`newest`, newest first: the candidate's own and the one
+/// just before it), without repeats.
+fn with_newest(holder: Vec<KeyValue>, newest: Vec<KeyValue>) -> Vec<KeyValue> {
+    let mut queue = holder;
+    for kv in newest.into_iter().rev() {
+        if !queue.iter().any(|seen| seen.key() == kv.key()) {
+            queue.push(kv);
+        }
+    }
+    queue
 }
 
 /// Whether `kv` is bound to a lease that `backend` granted and has since closed or dropped
