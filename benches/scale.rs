@@ -662,6 +662,7 @@ async fn etcd_followers(args: &Args) {
     if args.no_restart {
         let stopping = Instant::now();
         let cpu_at_stop = (cpu_time(), server_cpu_time());
+        let requests_at_stop = store_counters(Store::Etcd(addr)).await;
         let all = procs
             .into_iter()
             .map(|campaigns| tokio::spawn(stop_all(campaigns)));
@@ -673,6 +674,8 @@ async fn etcd_followers(args: &Args) {
             stopping.elapsed().as_secs_f64()
         );
         print_cpu_since("all released", cpu_at_stop);
+        let requests = diff(&requests_at_stop, &store_counters(Store::Etcd(addr)).await);
+        println!("  requests during the shutdown{}", describe(&requests));
         return;
     }
 
