@@ -53,7 +53,14 @@
 //!   every election read its range again. The cost: the process hears of every change under
 //!   the prefix, also of elections it does not take part in, so give unrelated services their
 //!   own prefix ([`EtcdBuilder::prefix`]). At most [`MAX_REQUESTS_IN_FLIGHT`] other requests
-//!   are in flight at once; lease keep-alives never wait behind them.
+//!   are in flight at once; lease keep-alives never wait behind them. When every slot is busy
+//!   (thousands of elections starting or stopping together), waiting writes go out together
+//!   as the nested transactions of one, at most one per election in each.
+//! - **One request per candidate to start.** A candidate's first write is one transaction
+//!   that also reads who holds the election, the key just before its own, and who holds the
+//!   election's request lock (hand-over requests). The process keeps both holders current from
+//!   its watch, so neither the campaign's observer of the election (to report the leader) nor
+//!   the leader's observer of its request lock reads etcd, until a holder's key goes.
 //! - **Followers wait only for their predecessor.** A follower waits for the delete of the
 //!   key created just before its own, and tries again when it goes: a hand-off wakes exactly
 //!   one candidate, not the whole queue. The view of the range is taken from the backend's
