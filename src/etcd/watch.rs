@@ -539,11 +539,15 @@ impl Follow {
         .await
     }
 
-    /// Whether another view follows the range too.
+    /// Whether another view follows the range too. Never waits: `false` while the hub holds
+    /// its lock (delivering a large response), so that a caller on a leader's path to
+    /// noticing a loss is never held up by it.
     pub fn shared(&self) -> bool {
-        lock(&self.shared.ranges)
-            .get(&self.range)
-            .is_some_and(|range| range.views.len() > 1)
+        self.shared.ranges.try_lock().is_ok_and(|ranges| {
+            ranges
+                .get(&self.range)
+                .is_some_and(|range| range.views.len() > 1)
+        })
     }
 
     /// Sleeps before the owner's next read after a failed one, longer after each failure.
