@@ -383,9 +383,7 @@ impl EtcdContender {
             }
             self.won = true;
             self.waiting = None;
-            let follow = self.follow(None);
-            follow.read_at(revision);
-            follow.attend(Interest::Everything);
+            self.follow(Some(revision)).attend(Interest::Everything);
         }
         Attempt::Won {
             fencing_token: token_of(created),

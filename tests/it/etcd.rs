@@ -471,20 +471,28 @@ struct Watches {
     watchers: u64,
 }
 
-async fn watches(etcd: &EtcdServer) -> Watches {
-    let body = crate::support::http::get(etcd.client_addr(), "/metrics")
+/// The `/metrics` page of the etcd member at `addr`.
+async fn metrics_of(addr: std::net::SocketAddr) -> String {
+    crate::support::http::get(addr, "/metrics")
         .await
         .expect("etcd's /metrics")
-        .body;
-    let gauge = |name: &str| -> u64 {
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|value| value.parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("etcd's /metrics has no {name}")) as u64
-    };
+        .body
+}
+
+/// The value of the unlabelled gauge `name` on a `/metrics` page.
+fn gauge(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("etcd's /metrics has no {name}")) as u64
+}
+
+async fn watches(etcd: &EtcdServer) -> Watches {
+    let metrics = metrics_of(etcd.client_addr()).await;
     Watches {
-        streams: gauge("etcd_debugging_mvcc_watch_stream_total"),
-        watchers: gauge("etcd_debugging_mvcc_watcher_total"),
+        streams: gauge(&metrics, "etcd_debugging_mvcc_watch_stream_total"),
+        watchers: gauge(&metrics, "etcd_debugging_mvcc_watcher_total"),
     }
 }
 
@@ -575,11 +583,9 @@ async fn a_backend_holds_one_watch_whatever_its_elections() {
 
 /// How many reads (`Range` requests) etcd has answered, from its `/metrics`.
 async fn reads(etcd: &EtcdServer) -> u64 {
-    let body = crate::support::http::get(etcd.client_addr(), "/metrics")
+    metrics_of(etcd.client_addr())
         .await
-        .expect("etcd's /metrics")
-        .body;
-    body.lines()
+        .lines()
         .filter(|line| {
             line.starts_with("grpc_server_handled_total{") && line.contains("grpc_method=\"Range\"")
         })
@@ -956,17 +962,10 @@ async fn leader_survives_the_clusters_raft_leader_being_killed() {
 
 /// How many watch streams the etcd member at `addr` holds, from its `/metrics`.
 async fn watch_streams_on(addr: std::net::SocketAddr) -> u64 {
-    let body = crate::support::http::get(addr, "/metrics")
-        .await
-        .expect("etcd's /metrics")
-        .body;
-    body.lines()
-        .find_map(|line| {
-            line.strip_prefix("etcd_debugging_mvcc_watch_stream_total ")?
-                .parse::<f64>()
-                .ok()
-        })
-        .expect("etcd's /metrics counts watch streams") as u64
+    gauge(
+        &metrics_of(addr).await,
+        "etcd_debugging_mvcc_watch_stream_total",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
