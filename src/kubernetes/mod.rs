@@ -99,7 +99,7 @@ pub use self::store::{LeaseStore, lease_name};
 use crate::backend::polled::{
     self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
 };
-pub use crate::backend::polled::{COURTESY_POLLS, MAX_TOKEN};
+pub use crate::backend::polled::{COURTESY_POLLS, MAX_TOKEN, PUSH_COURTESY};
 use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};
 pub use k8s_openapi;

@@ -125,7 +125,7 @@ use crate::backend::polled::{
     self, PolledBackend, PolledBuilder, PolledContender, PolledObserver, PolledSession,
 };
 pub use crate::backend::polled::{
-    COURTESY_POLLS, DEFAULT_POLL_INTERVAL, MAX_POLL_INTERVAL, MAX_TOKEN,
+    COURTESY_POLLS, DEFAULT_POLL_INTERVAL, MAX_POLL_INTERVAL, MAX_TOKEN, PUSH_COURTESY,
 };
 use crate::backend::{BackendInfo, FencingToken, Wakeup};
 use crate::{Error, Result};

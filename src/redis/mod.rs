@@ -168,6 +168,7 @@ use crate::backend::polled::{
 };
 pub use crate::backend::polled::{
     COURTESY_POLLS, DEFAULT_POLL_INTERVAL, DEFAULT_PREFIX, MAX_POLL_INTERVAL, MAX_TOKEN,
+    PUSH_COURTESY,
 };
 use crate::backend::{BackendInfo, Wakeup};
 use crate::{Error, Result};

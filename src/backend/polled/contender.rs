@@ -54,12 +54,14 @@ fn value_with(before: &[u8], token: FencingToken, after: &[u8]) -> Vec<u8> {
 ///   [`explain`](Contender::explain) tells a vanished key from a store that lost its data
 ///   (the counter gone or below our token).
 /// - [`release`](Contender::release) deletes the key if it still holds our value, and wakes
-///   this backend's followers of it. While followers poll, the contenders of the session
-///   handle that released it (the resigning campaign's) leave the free key alone for
-///   [`COURTESY_POLLS`](super::COURTESY_POLLS) poll intervals ([`Attempt::Delayed`]):
-///   followers in other processes poll, and without it a resigning leader's campaign would
-///   win its own lock back every time. Every other campaign, in this process too, may take
-///   it at once.
+///   this backend's followers of it. The contenders of the session handle that released it
+///   (the resigning campaign's) then leave the free key alone ([`Attempt::Delayed`]) for
+///   [`COURTESY_POLLS`](super::COURTESY_POLLS) poll intervals while followers poll, for
+///   [`PUSH_COURTESY`](super::PUSH_COURTESY) while the store pushes: followers in other
+///   processes learn of the release later than the releasing campaign, and without it a
+///   resigning leader's campaign would win its own lock back every time it polls, and
+///   whenever the push is slow. Every other campaign, in this process too, may take it at
+///   once.
 pub struct PolledContender<S: Store> {
     session: Arc<Shared<S>>,
     key: String,

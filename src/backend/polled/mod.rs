@@ -44,6 +44,15 @@ use crate::Result;
 /// campaign, in this process too, may take the key at once.
 pub const COURTESY_POLLS: u32 = 2;
 
+/// After a release by a contender of a backend whose store pushes changes (a Kubernetes
+/// watch, Redis's keyspace notifications, PostgreSQL's `NOTIFY`), how long the campaign that
+/// released the key leaves it to followers in other processes. The push reaches them in
+/// milliseconds on a quiet machine, but a loaded API server's watch was seen to take over
+/// 100 ms: the resigning campaign's own retry after its back-off (50 ms) then won the key
+/// straight back. Every other campaign, in this process too, may take the key at once; a
+/// lone candidate's resign costs it this long.
+pub const PUSH_COURTESY: Duration = Duration::from_millis(500);
+
 /// The key prefix under which elections live unless [`PolledBuilder::prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "incumbent/";
 /// How often followers poll unless [`PolledBuilder::poll_interval`] says otherwise.
@@ -487,14 +496,16 @@ impl<S: Store> PolledBackend<S> {
     }
 
     /// After a contender of session handle `handle` released `key`: wakes this backend's
-    /// followers of it, and while followers poll, keeps that handle's contenders off the key
-    /// for [`COURTESY_POLLS`] poll intervals.
+    /// followers of it, and keeps that handle's contenders off the key for
+    /// [`COURTESY_POLLS`] poll intervals while followers poll, for [`PUSH_COURTESY`] while
+    /// the store pushes.
     fn released(&self, key: &str, handle: u64) {
         self.inner.released.bump(key);
-        if let Wakeup::Poll(poll) = self.inner.wakeup {
-            let until = Instant::now() + poll * COURTESY_POLLS;
-            lock(&self.inner.courtesy).insert(key.to_owned(), (until, handle));
-        }
+        let courtesy = match self.inner.wakeup {
+            Wakeup::Poll(poll) => poll * COURTESY_POLLS,
+            Wakeup::Push => PUSH_COURTESY,
+        };
+        lock(&self.inner.courtesy).insert(key.to_owned(), (Instant::now() + courtesy, handle));
     }
 
     /// The end of the courtesy for `key`, while it runs and holds `handle` back.

@@ -90,7 +90,7 @@ impl<S: Store> Poolable for Shared<S> {
 ///
 /// Each handle is one campaign's: after a contender of this handle released a key, this
 /// handle's contenders leave it to others for a while (see
-/// [`COURTESY_POLLS`](super::COURTESY_POLLS)).
+/// [`COURTESY_POLLS`](super::COURTESY_POLLS) and [`PUSH_COURTESY`](super::PUSH_COURTESY)).
 pub struct PolledSession<S: Store> {
     shared: pool::Shared<Shared<S>>,
     handle: u64,

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use incumbent::backend::{
-    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionOptions, Wakeup,
+    Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionOptions,
 };
 use incumbent::{CampaignHandle, DemotionReason, Election, LeadershipEvent, Term};
 use tokio::sync::mpsc;
@@ -459,8 +459,9 @@ pub async fn a_released_lock_goes_to_another_campaign_not_back<S: Store>() {
     assert!(matches!(held, Ok(Attempt::Held { .. })), "{held:?}");
     leader.release().await.expect("release");
     drop(leader);
-    if let Wakeup::Poll(_) = backend.info().wakeup {
-        // The campaign that released it retries at once, with a new claim: held back.
+    if S::HOLDS_BACK_THE_RELEASER {
+        // The campaign that released it retries at once, with a new claim: held back, also
+        // where the store pushes the release to the others (their push may be slow).
         let mut again = resigning
             .contend(ELECTION, &candidate("a"))
             .await

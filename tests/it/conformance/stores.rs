@@ -49,6 +49,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// The session ttl the tests use.
     fn ttl(&self) -> Duration;
 
+    /// Whether a campaign that released the lock is held back from it for a while (the
+    /// polled stores' courtesy), so that followers in other processes get it first. The
+    /// other stores queue their candidates, or block the releaser by the store's own means.
+    const HOLDS_BACK_THE_RELEASER: bool = false;
+
     /// A connection that the test can cut off from the store.
     async fn connect_partitionable(&self) -> (Self::Backend, Partition) {
         unimplemented!("this store has no network to partition")
@@ -525,6 +530,7 @@ impl<const NOTIFICATIONS: bool> Redis<NOTIFICATIONS> {
 #[cfg(feature = "redis")]
 impl<const NOTIFICATIONS: bool> Store for Redis<NOTIFICATIONS> {
     type Backend = incumbent::redis::RedisBackend;
+    const HOLDS_BACK_THE_RELEASER: bool = true;
     type Server = crate::support::RedisServer;
 
     async fn start() -> (Self, crate::support::RedisServer) {
@@ -582,6 +588,7 @@ impl Memcached {
 #[cfg(feature = "memcached")]
 impl Store for Memcached {
     type Backend = incumbent::memcached::MemcachedBackend;
+    const HOLDS_BACK_THE_RELEASER: bool = true;
     type Server = crate::support::MemcachedServer;
 
     async fn start() -> (Self, crate::support::MemcachedServer) {
@@ -648,6 +655,7 @@ impl<const LISTEN: bool> Postgres<LISTEN> {
 #[cfg(feature = "postgres")]
 impl<const LISTEN: bool> Store for Postgres<LISTEN> {
     type Backend = incumbent::postgres::PostgresBackend;
+    const HOLDS_BACK_THE_RELEASER: bool = true;
     type Server = crate::support::PostgresServer;
 
     async fn start() -> (Self, crate::support::PostgresServer) {
@@ -705,6 +713,7 @@ impl Kubernetes {
 #[cfg(feature = "kubernetes")]
 impl Store for Kubernetes {
     type Backend = incumbent::kubernetes::KubernetesBackend;
+    const HOLDS_BACK_THE_RELEASER: bool = true;
     type Server = crate::support::kube::KubeServer;
 
     async fn start() -> (Self, crate::support::kube::KubeServer) {
