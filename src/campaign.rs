@@ -221,9 +221,11 @@ impl CampaignHandle {
 
     /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
     /// releases the lock, then campaigns again after the back-off, which gives the other
-    /// candidates the lock first. Returns once the lock is released. A candidate that does not
-    /// lead has nothing to give up: it returns at once. Errors with [`Error::Stopped`] if the
-    /// campaign has stopped.
+    /// candidates the lock first (on the polled stores, the campaign also leaves the lock it
+    /// released alone for a while: `backend::polled::COURTESY_POLLS` poll intervals, or
+    /// `backend::polled::PUSH_COURTESY` where the store pushes). Returns once the lock is
+    /// released. A candidate that does not lead has nothing to give up: it returns at once.
+    /// Errors with [`Error::Stopped`] if the campaign has stopped.
     pub async fn resign(&self) -> Result<()> {
         self.resign_because(DemotionReason::Resigned).await
     }
@@ -1090,7 +1092,7 @@ impl<B: Backend> Engine<B> {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("delayed"))
                         .increment(1);
                     self.leaderless.get_or_insert_with(Leaderless::seen);
-                    tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the store imposes a lock-delay; waiting for it to end");
+                    tracing::info!(wait = ?until.saturating_duration_since(Instant::now()), "the lock may not be taken yet (the store's lock-delay, or the others' turn after this campaign released it); waiting");
                     Box::pin(self.wait_until(until, &mut fence)).await
                 }
                 Err(error) => {
