@@ -118,7 +118,8 @@ impl GoPeer {
         before
     }
 
-    /// SIGTERM: client-go's ReleaseOnCancel releases the Lease; waits for the exit.
+    /// SIGTERM: client-go's ReleaseOnCancel releases the Lease; waits for the exit, and
+    /// returns the lines printed since those read.
     async fn terminate(mut self) -> Vec<String> {
         let pid = self.child.id().expect("running") as i32;
         // SAFETY: kill(2) on a child of this test.
@@ -128,8 +129,10 @@ impl GoPeer {
             .expect("the peer exits after SIGTERM")
             .expect("wait");
         assert!(status.success(), "the peer exited with {status}");
+        // Its last lines may still be in the pipe, or in the reader task, when the exit is
+        // seen: read until the reader reaches the pipe's end (it then drops its sender).
         let mut rest = Vec::new();
-        while let Ok(line) = self.lines.try_recv() {
+        while let Ok(Some(line)) = timeout(PATIENCE, self.lines.recv()).await {
             rest.push(line);
         }
         rest
