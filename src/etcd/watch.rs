@@ -188,29 +188,42 @@ impl Shared {
     /// known of their holders. All under the lock of the ranges, so that a view made (or a
     /// holder learnt) meanwhile sees each response whole or not at all.
     fn deliver(&self, events: &[Event]) {
-        let mut ranges = lock(&self.ranges);
-        let mut staged: Vec<(SharedView, Vec<Change>)> = Vec::new();
-        let mut index: HashMap<*const Mutex<View>, usize> = HashMap::new();
-        for event in events {
-            let Some(kv) = event.kv() else { continue };
-            let Some(range) = self
-                .range_of(kv.key())
-                .and_then(|range| ranges.get_mut(range))
-            else {
-                continue;
-            };
+        self.deliver_changes(events.iter().filter_map(|event| {
+            let kv = event.kv()?;
             let change = Change {
                 key: kv.key().to_vec(),
                 deleted: event.event_type() == EventType::Delete,
                 create_revision: kv.create_revision(),
                 mod_revision: kv.mod_revision(),
             };
+            Some((change, kv.value()))
+        }));
+    }
+
+    /// [`deliver`](Self::deliver), of each change with the value it wrote.
+    fn deliver_changes<'v>(&self, changes: impl Iterator<Item = (Change, &'v [u8])>) {
+        let mut ranges = lock(&self.ranges);
+        let mut staged: Vec<(SharedView, Vec<Change>)> = Vec::new();
+        let mut index: HashMap<*const Mutex<View>, usize> = HashMap::new();
+        for (change, value) in changes {
+            let Some(range) = self
+                .range_of(&change.key)
+                .and_then(|range| ranges.get_mut(range))
+            else {
+                continue;
+            };
             range.last = range.last.max(change.mod_revision);
             range.known = range
                 .known
                 .take()
-                .and_then(|known| known.after(&change, kv.value()));
+                .and_then(|known| known.after(&change, value));
             for view in &range.views {
+                // Only to a view that takes it: a follower waits for one key's delete, and
+                // every other change of its election (each candidate's write, each release)
+                // would otherwise wake its campaign for nothing.
+                if !lock(view).takes(&change) {
+                    continue;
+                }
                 let at = *index.entry(Arc::as_ptr(view)).or_insert_with(|| {
                     staged.push((view.clone(), Vec::new()));
                     staged.len() - 1
@@ -220,10 +233,13 @@ impl Shared {
         }
         for (view, changes) in staged {
             let mut view = lock(&view);
+            let mut pushed = false;
             for change in changes {
-                view.push(change);
+                pushed |= view.push(change);
             }
-            view.wake();
+            if pushed {
+                view.wake();
+            }
         }
     }
 
@@ -275,11 +291,16 @@ impl Known {
 }
 
 impl View {
-    fn push(&mut self, change: Change) {
-        if self.read.is_some_and(|read| change.mod_revision <= read)
-            || !self.interest.wants(&change)
-        {
-            return;
+    /// Whether `change` is for the owner: after its last read, and of interest.
+    fn takes(&self, change: &Change) -> bool {
+        self.read.is_none_or(|read| change.mod_revision > read) && self.interest.wants(change)
+    }
+
+    /// Keeps `change` for the owner if it [`takes`](Self::takes) it (past [`MAX_PENDING`],
+    /// the owner must read again instead); whether the owner has news.
+    fn push(&mut self, change: Change) -> bool {
+        if !self.takes(&change) {
+            return false;
         }
         if self.changes.len() >= MAX_PENDING {
             self.changes.clear();
@@ -287,9 +308,10 @@ impl View {
                 self.gap
                     .map_or(change.mod_revision, |gap| gap.max(change.mod_revision)),
             );
-            return;
+            return true;
         }
         self.changes.push(change);
+        true
     }
 
     fn wake(&mut self) {
@@ -623,20 +645,87 @@ mod tests {
     #[test]
     fn a_view_keeps_what_its_owner_wants_after_its_read() {
         let mut view = view();
-        view.push(change("e@a", false, 9));
-        view.push(change("e@a", false, 10));
-        view.push(change("e@a", false, 11));
+        // What the view does not keep is no news: the hub wakes its owner only for news.
+        assert!(!view.push(change("e@a", false, 9)));
+        assert!(!view.push(change("e@a", false, 10)));
+        assert!(view.push(change("e@a", false, 11)));
         assert_eq!(
             view.changes.len(),
             1,
             "changes up to the read are in the read"
         );
         view.interest = Interest::Deletes(vec![b"e@b".to_vec()]);
-        view.push(change("e@a", true, 12));
-        view.push(change("e@b", false, 13));
-        view.push(change("e@b", true, 14));
+        assert!(!view.takes(&change("e@a", true, 12)));
+        assert!(!view.push(change("e@a", true, 12)));
+        assert!(!view.push(change("e@b", false, 13)));
+        assert!(view.takes(&change("e@b", true, 14)));
+        assert!(view.push(change("e@b", true, 14)));
         let kept: Vec<i64> = view.changes.iter().map(|c| c.mod_revision).collect();
         assert_eq!(kept, [11, 14]);
+        view.interest = Interest::Nothing;
+        assert!(!view.push(change("e@b", true, 15)));
+    }
+
+    /// Counts its wakes.
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    impl Wakes {
+        fn count(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// A view of `range` in `hub` with `interest`, read at 10, waiting on a waker that counts.
+    fn waiting(hub: &Shared, range: &str, interest: Interest) -> (SharedView, Arc<Wakes>) {
+        let wakes = Arc::new(Wakes(0.into()));
+        let view = Arc::new(Mutex::new(View {
+            interest,
+            waker: Some(std::task::Waker::from(wakes.clone())),
+            ..view()
+        }));
+        lock(&hub.ranges)
+            .entry(range.as_bytes().into())
+            .or_default()
+            .views
+            .push(view.clone());
+        (view, wakes)
+    }
+
+    #[test]
+    fn only_a_view_with_news_wakes_its_owner() {
+        let hub = shared("");
+        let (follower, follower_wakes) =
+            waiting(&hub, "e@", Interest::Deletes(vec![b"e@b".to_vec()]));
+        let (leader, leader_wakes) = waiting(&hub, "e@", Interest::Everything);
+        hub.deliver_changes([(change("e@c", false, 11), &b"c"[..])].into_iter());
+        assert_eq!(
+            leader_wakes.count(),
+            1,
+            "the leader's view takes every change"
+        );
+        assert_eq!(
+            follower_wakes.count(),
+            0,
+            "a write of another key is no news to a follower waiting for its predecessor"
+        );
+        assert!(lock(&follower).changes.is_empty());
+        for (view, wakes) in [(&follower, &follower_wakes), (&leader, &leader_wakes)] {
+            lock(view).waker = Some(std::task::Waker::from(wakes.clone()));
+        }
+        hub.deliver_changes([(change("e@b", true, 12), &b""[..])].into_iter());
+        assert_eq!(
+            follower_wakes.count(),
+            1,
+            "its predecessor's delete wakes the follower"
+        );
+        assert_eq!(leader_wakes.count(), 2);
+        assert_eq!(lock(&follower).changes.len(), 1);
     }
 
     #[test]
