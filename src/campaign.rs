@@ -221,9 +221,10 @@ impl CampaignHandle {
 
     /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
     /// releases the lock, then campaigns again after the back-off, which gives the other
-    /// candidates the lock first (on the polled stores, the campaign also leaves the lock it
-    /// released alone for a while: `backend::polled::COURTESY_POLLS` poll intervals, or
-    /// `backend::polled::PUSH_COURTESY` where the store pushes). Returns once the lock is
+    /// candidates the lock first (on the stores that do not queue their candidates, the
+    /// campaign also leaves the lock it released alone for a while: `backend::PUSH_COURTESY`
+    /// where the store pushes the release, `backend::polled::COURTESY_POLLS` poll intervals
+    /// where followers poll). Returns once the lock is
     /// released. A candidate that does not lead has nothing to give up: it returns at once.
     /// Errors with [`Error::Stopped`] if the campaign has stopped.
     pub async fn resign(&self) -> Result<()> {

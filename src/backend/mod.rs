@@ -186,6 +186,58 @@ pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, 
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// After a release, how long the campaign that released a lock leaves it to candidates in
+/// other processes, where the store pushes the release to them and does not queue its
+/// candidates (a Kubernetes watch, Redis's keyspace notifications, PostgreSQL's `NOTIFY`,
+/// Consul's blocking queries). The push reaches them in milliseconds on a quiet machine, but
+/// a loaded API server's watch was seen to take over 100 ms: the resigning campaign's own
+/// retry after its back-off (from 50 ms) then won the lock straight back. Every other
+/// campaign, in this process too, may take the lock at once; a lone candidate's resign costs
+/// it this long. (Stores that queue their candidates, etcd and ZooKeeper, need none: a
+/// resigning candidate queues again behind the others.)
+pub const PUSH_COURTESY: Duration = Duration::from_millis(500);
+
+/// What keeps a campaign that released a lock off it for a while (see [`PUSH_COURTESY`]).
+#[cfg(any(
+    feature = "consul",
+    feature = "redis",
+    feature = "memcached",
+    feature = "postgres",
+    feature = "kubernetes"
+))]
+pub(crate) mod courtesy {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::lock;
+
+    /// The keys of a backend that a campaign released a moment ago, each with until when
+    /// that campaign (its session handle) leaves it to the others, and the handle.
+    #[derive(Debug, Default)]
+    pub(crate) struct Courtesy(Mutex<HashMap<String, (Instant, u64)>>);
+
+    impl Courtesy {
+        /// Session handle `handle` released `key`: it leaves it alone for `lasting`.
+        pub(crate) fn grant(&self, key: &str, handle: u64, lasting: Duration) {
+            lock(&self.0).insert(key.to_owned(), (Instant::now() + lasting, handle));
+        }
+
+        /// The end of the courtesy for `key`, while it runs and holds `handle` back.
+        pub(crate) fn holds_back(&self, key: &str, handle: u64) -> Option<Instant> {
+            let mut courtesy = lock(&self.0);
+            let now = Instant::now();
+            courtesy.retain(|_, (until, _)| *until > now);
+            courtesy
+                .get(key)
+                .filter(|(_, releaser)| *releaser == handle)
+                .map(|(until, _)| *until)
+        }
+    }
+}
+
 /// The usual renew interval as a fraction of the ttl: three chances to renew before expiry,
 /// as etcd's own keep-alive does. Each backend states its own in
 /// [`BackendInfo::renew_divisor`].

@@ -39,10 +39,16 @@ static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
 ///   session still exists: a deleted key whose session is gone is a lost session, and a key
 ///   released while our session lives was released by someone else (`Taken`).
 /// - [`release`](Contender::release) releases the lock with `?release=`; a lock we do not
-///   hold is left alone.
+///   hold is left alone. The contenders of the session handle that released it (the
+///   resigning campaign's) then leave the free lock alone for
+///   [`PUSH_COURTESY`](crate::backend::PUSH_COURTESY) ([`Attempt::Delayed`]): followers in
+///   other processes learn of the release through their blocking query, later than the
+///   releasing campaign's own retry would come. Every other campaign may take it at once.
 pub struct ConsulContender {
     backend: ConsulBackend,
     session: Arc<Shared>,
+    /// The session handle (the campaign) it came from: see `release`.
+    handle: u64,
     /// This contender, among those of its session.
     id: u64,
     key: String,
@@ -81,12 +87,14 @@ impl ConsulContender {
     pub(super) fn new(
         backend: ConsulBackend,
         session: Arc<Shared>,
+        handle: u64,
         key: String,
         candidate: Candidate,
     ) -> Self {
         ConsulContender {
             backend,
             session,
+            handle,
             id: NEXT_CONTENDER.fetch_add(1, Ordering::Relaxed),
             key,
             candidate,
@@ -220,6 +228,11 @@ impl Contender for ConsulContender {
             }
             self.held = None;
             self.session.unclaim(&self.key, self.id);
+        }
+        if let Some(until) = self.backend.sightings().courtesy(&self.key, self.handle) {
+            // Our campaign released the lock a moment ago: the followers in other processes
+            // learn of it later than its own retry would come.
+            return Ok(Attempt::Delayed { until });
         }
         if !self.session.claim(&self.key, self.id) {
             // Another campaign of this election on the same session holds or tries the key.
@@ -481,7 +494,7 @@ impl Contender for ConsulContender {
             .kv_put(&self.key, &self.value, &options)
             .await
         {
-            Ok(true) => {}
+            Ok(true) => self.backend.sightings().released(&self.key, self.handle),
             Ok(false) | Err(ConsulError::InvalidSession { .. }) => {
                 // Not ours any more. If it was, our session may be gone: remember when, for
                 // the lock-delay our next attempt will meet.

@@ -40,7 +40,13 @@ impl Poolable for Shared {
 /// releases its lock first, so a graceful hand-off has none).
 pub struct ConsulSession {
     shared: pool::Shared<Shared>,
+    /// This handle's (one campaign's) number: after one of its contenders released a key,
+    /// its contenders leave it to the others for a while.
+    handle: u64,
 }
+
+/// The number of the next session handle.
+static NEXT_HANDLE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl std::fmt::Debug for ConsulSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,7 +66,10 @@ pub(super) async fn open(
         .sessions
         .join(options, || create(backend, options))
         .await?;
-    Ok(ConsulSession { shared })
+    Ok(ConsulSession {
+        shared,
+        handle: NEXT_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    })
 }
 
 /// Creates a Consul session with the options and starts renewing it.
@@ -120,6 +129,7 @@ impl Session for ConsulSession {
         Ok(ConsulContender::new(
             self.shared.backend.clone(),
             self.shared.session(),
+            self.handle,
             self.shared.backend.key(election),
             candidate.clone(),
         ))

@@ -23,6 +23,9 @@ pub(super) struct Sightings {
     seen: Mutex<HashMap<String, Sighting>>,
     /// The blocking reads of keys in flight, shared by the backend's contenders and observers.
     reads: SharedReads,
+    /// Keys a campaign (its session handle) released, left to the others for
+    /// [`PUSH_COURTESY`](crate::backend::PUSH_COURTESY).
+    courtesy: crate::backend::courtesy::Courtesy,
 }
 
 #[derive(Debug)]
@@ -39,6 +42,18 @@ impl Sightings {
     /// The blocking reads of keys in flight.
     pub fn reads(&self) -> &SharedReads {
         &self.reads
+    }
+
+    /// The contenders of session handle `handle` released `key`: they leave it to the others
+    /// for [`PUSH_COURTESY`](crate::backend::PUSH_COURTESY).
+    pub fn released(&self, key: &str, handle: u64) {
+        self.courtesy
+            .grant(key, handle, crate::backend::PUSH_COURTESY);
+    }
+
+    /// The end of the courtesy for `key`, while it runs and holds `handle` back.
+    pub fn courtesy(&self, key: &str, handle: u64) -> Option<Instant> {
+        self.courtesy.holds_back(key, handle)
     }
 
     /// `session` holds `key`. Returns whether its lock-delay is still unknown.

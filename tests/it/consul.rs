@@ -345,9 +345,9 @@ async fn lock_delay_is_waited_out_by_waking_when_it_ends() {
 }
 
 /// Two contenders of one session for one election (two campaigns of one `Election` share
-/// the pooled session): Consul would grant the second `?acquire=` too, so the second waits
-/// behind the first, and is woken when the first gives the lock up: released, or dropped
-/// while holding it (nothing changes in Consul then).
+/// the pooled session, each through a handle of its own): Consul would grant the second
+/// `?acquire=` too, so the second waits behind the first, and is woken when the first gives
+/// the lock up: released, or dropped while holding it (nothing changes in Consul then).
 #[tokio::test]
 async fn a_second_contender_of_one_session_waits_behind_the_first_and_is_woken_at_once() {
     use incumbent::backend::{Attempt, Backend, Candidate, Contender, Session, SessionOptions};
@@ -366,12 +366,26 @@ async fn a_second_contender_of_one_session_waits_behind_the_first_and_is_woken_a
     };
     let mut last = 0;
     for released in [true, false] {
-        let mut first = session.contend("twins", &who).await.expect("contend");
+        // Two campaigns' handles (a handle that released a key leaves it to the others for a
+        // while: each round has handles of its own).
+        let ours = backend.open_session(&options).await.expect("session");
+        let twin = backend.open_session(&options).await.expect("session");
+        assert_eq!(
+            ours.id(),
+            session.id(),
+            "equal options share one Consul session"
+        );
+        assert_eq!(
+            twin.id(),
+            session.id(),
+            "equal options share one Consul session"
+        );
+        let mut first = twin.contend("twins", &who).await.expect("contend");
         let Attempt::Won { fencing_token } = first.acquire().await.expect("acquire") else {
             panic!("the first contender is alone");
         };
         assert!(fencing_token > last);
-        let mut second = session.contend("twins", &who).await.expect("contend");
+        let mut second = ours.contend("twins", &who).await.expect("contend");
         let attempt = second.acquire().await.expect("acquire");
         assert!(
             matches!(attempt, Attempt::Held { .. }),
@@ -399,6 +413,8 @@ async fn a_second_contender_of_one_session_waits_behind_the_first_and_is_woken_a
         assert!(fencing_token > last);
         last = fencing_token;
         second.release().await.expect("release");
+        twin.close().await.expect("close");
+        ours.close().await.expect("close");
     }
     session.close().await.expect("close");
 }

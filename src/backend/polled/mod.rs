@@ -44,14 +44,7 @@ use crate::Result;
 /// campaign, in this process too, may take the key at once.
 pub const COURTESY_POLLS: u32 = 2;
 
-/// After a release by a contender of a backend whose store pushes changes (a Kubernetes
-/// watch, Redis's keyspace notifications, PostgreSQL's `NOTIFY`), how long the campaign that
-/// released the key leaves it to followers in other processes. The push reaches them in
-/// milliseconds on a quiet machine, but a loaded API server's watch was seen to take over
-/// 100 ms: the resigning campaign's own retry after its back-off (50 ms) then won the key
-/// straight back. Every other campaign, in this process too, may take the key at once; a
-/// lone candidate's resign costs it this long.
-pub const PUSH_COURTESY: Duration = Duration::from_millis(500);
+pub use super::PUSH_COURTESY;
 
 /// The key prefix under which elections live unless [`PolledBuilder::prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "incumbent/";
@@ -380,9 +373,8 @@ struct Inner<S> {
     /// The value of each key as a contender of this backend last read it (while it polls),
     /// for this backend's observers of the key: they need not read it themselves.
     reads: Mutex<HashMap<String, watch::Sender<Option<Vec<u8>>>>>,
-    /// Per key released by this backend while followers poll: until when the session handle
-    /// that released it leaves it to the others, and that handle.
-    courtesy: Mutex<HashMap<String, (Instant, u64)>>,
+    /// The keys released by this backend's campaigns, left to the others for a while.
+    courtesy: super::courtesy::Courtesy,
 }
 
 impl<S: Store> fmt::Debug for PolledBackend<S> {
@@ -398,7 +390,7 @@ impl<S: Store> fmt::Debug for PolledBackend<S> {
 impl<S: Store> PolledBackend<S> {
     /// A backend on `store`, its keys under `prefix`. `poll` is the pause between two polls
     /// of a follower (jittered by ±25 %); `info.wakeup` says whether the store pushes changes
-    /// (then the poll is a safety net, and there is no courtesy after a release).
+    /// (then the poll is a safety net).
     pub(crate) fn new(store: S, prefix: String, poll: Duration, info: BackendInfo) -> Self {
         PolledBackend {
             inner: Arc::new(Inner {
@@ -412,7 +404,7 @@ impl<S: Store> PolledBackend<S> {
                 released: Wakes::default(),
                 freed: Wakes::default(),
                 reads: Mutex::new(HashMap::new()),
-                courtesy: Mutex::new(HashMap::new()),
+                courtesy: super::courtesy::Courtesy::default(),
             }),
         }
     }
@@ -505,18 +497,12 @@ impl<S: Store> PolledBackend<S> {
             Wakeup::Poll(poll) => poll * COURTESY_POLLS,
             Wakeup::Push => PUSH_COURTESY,
         };
-        lock(&self.inner.courtesy).insert(key.to_owned(), (Instant::now() + courtesy, handle));
+        self.inner.courtesy.grant(key, handle, courtesy);
     }
 
     /// The end of the courtesy for `key`, while it runs and holds `handle` back.
     fn courtesy(&self, key: &str, handle: u64) -> Option<Instant> {
-        let mut courtesy = lock(&self.inner.courtesy);
-        let now = Instant::now();
-        courtesy.retain(|_, (until, _)| *until > now);
-        courtesy
-            .get(key)
-            .filter(|(_, releaser)| *releaser == handle)
-            .map(|(until, _)| *until)
+        self.inner.courtesy.holds_back(key, handle)
     }
 
     /// When the next poll is due, from now: the poll interval jittered by ±25 %.

@@ -50,8 +50,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn ttl(&self) -> Duration;
 
     /// Whether a campaign that released the lock is held back from it for a while (the
-    /// polled stores' courtesy), so that followers in other processes get it first. The
-    /// other stores queue their candidates, or block the releaser by the store's own means.
+    /// courtesy of the stores that do not queue their candidates: the polled ones and
+    /// Consul), so that followers in other processes get it first. etcd and ZooKeeper queue
+    /// a resigning candidate behind the others; the memory and file backends wake their
+    /// waiting followers at the release (in this process, or in the kernel), well before the
+    /// releaser's back-off ends.
     const HOLDS_BACK_THE_RELEASER: bool = false;
 
     /// A connection that the test can cut off from the store.
@@ -224,6 +227,7 @@ impl Consul {
 #[cfg(feature = "consul")]
 impl Store for Consul {
     type Backend = incumbent::consul::ConsulBackend;
+    const HOLDS_BACK_THE_RELEASER: bool = true;
     type Server = crate::support::ConsulDev;
 
     async fn start() -> (Self, crate::support::ConsulDev) {
