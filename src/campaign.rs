@@ -224,9 +224,9 @@ impl CampaignHandle {
     /// candidates the lock first (on the stores that do not queue their candidates, the
     /// campaign also leaves the lock it released alone for a while: `backend::PUSH_COURTESY`
     /// where the store pushes the release, `backend::polled::COURTESY_POLLS` poll intervals
-    /// where followers poll). Returns once the lock is
-    /// released. A candidate that does not lead has nothing to give up: it returns at once.
-    /// Errors with [`Error::Stopped`] if the campaign has stopped.
+    /// where followers poll). Returns once the lock is released. A candidate that does not
+    /// lead has nothing to give up: it returns at once. Errors with [`Error::Stopped`] if the
+    /// campaign has stopped.
     pub async fn resign(&self) -> Result<()> {
         self.resign_because(DemotionReason::Resigned).await
     }

@@ -134,6 +134,16 @@ pub(super) struct Change {
     pub mod_revision: i64,
 }
 
+/// One event of a watch response, as borrowed from it.
+struct Delivered<'e> {
+    key: &'e [u8],
+    /// The value written (empty for a delete).
+    value: &'e [u8],
+    deleted: bool,
+    create_revision: i64,
+    mod_revision: i64,
+}
+
 /// What [`Follow::next`] saw.
 #[derive(Debug)]
 pub(super) enum Seen {
@@ -190,33 +200,39 @@ impl Shared {
     fn deliver(&self, events: &[Event]) {
         self.deliver_changes(events.iter().filter_map(|event| {
             let kv = event.kv()?;
-            let change = Change {
-                key: kv.key().to_vec(),
+            Some(Delivered {
+                key: kv.key(),
+                value: kv.value(),
                 deleted: event.event_type() == EventType::Delete,
                 create_revision: kv.create_revision(),
                 mod_revision: kv.mod_revision(),
-            };
-            Some((change, kv.value()))
+            })
         }));
     }
 
-    /// [`deliver`](Self::deliver), of each change with the value it wrote.
-    fn deliver_changes<'v>(&self, changes: impl Iterator<Item = (Change, &'v [u8])>) {
+    /// [`deliver`](Self::deliver), of the changes as the watch's events hold them.
+    fn deliver_changes<'e>(&self, changes: impl Iterator<Item = Delivered<'e>>) {
         let mut ranges = lock(&self.ranges);
         let mut staged: Vec<(SharedView, Vec<Change>)> = Vec::new();
         let mut index: HashMap<*const Mutex<View>, usize> = HashMap::new();
-        for (change, value) in changes {
+        for delivered in changes {
             let Some(range) = self
-                .range_of(&change.key)
+                .range_of(delivered.key)
                 .and_then(|range| ranges.get_mut(range))
             else {
                 continue;
+            };
+            let change = Change {
+                key: delivered.key.to_vec(),
+                deleted: delivered.deleted,
+                create_revision: delivered.create_revision,
+                mod_revision: delivered.mod_revision,
             };
             range.last = range.last.max(change.mod_revision);
             range.known = range
                 .known
                 .take()
-                .and_then(|known| known.after(&change, value));
+                .and_then(|known| known.after(&change, delivered.value));
             for view in &range.views {
                 // Only to a view that takes it: a follower waits for one key's delete, and
                 // every other change of its election (each candidate's write, each release)
@@ -697,13 +713,24 @@ mod tests {
         (view, wakes)
     }
 
+    /// A watch event of `key`, at `revision`.
+    fn delivered(key: &str, deleted: bool, revision: i64) -> Delivered<'_> {
+        Delivered {
+            key: key.as_bytes(),
+            value: b"",
+            deleted,
+            create_revision: if deleted { 0 } else { revision },
+            mod_revision: revision,
+        }
+    }
+
     #[test]
     fn only_a_view_with_news_wakes_its_owner() {
         let hub = shared("");
         let (follower, follower_wakes) =
             waiting(&hub, "e@", Interest::Deletes(vec![b"e@b".to_vec()]));
         let (leader, leader_wakes) = waiting(&hub, "e@", Interest::Everything);
-        hub.deliver_changes([(change("e@c", false, 11), &b"c"[..])].into_iter());
+        hub.deliver_changes([delivered("e@c", false, 11)].into_iter());
         assert_eq!(
             leader_wakes.count(),
             1,
@@ -718,7 +745,7 @@ mod tests {
         for (view, wakes) in [(&follower, &follower_wakes), (&leader, &leader_wakes)] {
             lock(view).waker = Some(std::task::Waker::from(wakes.clone()));
         }
-        hub.deliver_changes([(change("e@b", true, 12), &b""[..])].into_iter());
+        hub.deliver_changes([delivered("e@b", true, 12)].into_iter());
         assert_eq!(
             follower_wakes.count(),
             1,
