@@ -113,11 +113,64 @@ pub(super) enum Interest {
 }
 
 impl Interest {
-    fn wants(&self, change: &Change) -> bool {
+    fn wants(&self, change: &impl KeyChange) -> bool {
         match self {
             Interest::Everything => true,
-            Interest::Deletes(keys) => change.deleted && keys.contains(&change.key),
+            Interest::Deletes(keys) => {
+                change.deleted() && keys.iter().any(|key| key.as_slice() == change.key())
+            }
             Interest::Nothing => false,
+        }
+    }
+}
+
+/// What the hub and a view look at in a change: a [`Change`], or a [`Delivered`] event
+/// still borrowed from its response, so that the key is copied only for a view that takes
+/// it.
+trait KeyChange {
+    fn key(&self) -> &[u8];
+    fn deleted(&self) -> bool;
+    fn create_revision(&self) -> i64;
+    fn mod_revision(&self) -> i64;
+}
+
+impl KeyChange for Change {
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
+    fn deleted(&self) -> bool {
+        self.deleted
+    }
+    fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+    fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+}
+
+impl KeyChange for Delivered<'_> {
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+    fn deleted(&self) -> bool {
+        self.deleted
+    }
+    fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+    fn mod_revision(&self) -> i64 {
+        self.mod_revision
+    }
+}
+
+impl Delivered<'_> {
+    fn to_change(&self) -> Change {
+        Change {
+            key: self.key.to_vec(),
+            deleted: self.deleted,
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
         }
     }
 }
@@ -213,8 +266,9 @@ impl Shared {
     /// [`deliver`](Self::deliver), of the changes as the watch's events hold them.
     fn deliver_changes<'e>(&self, changes: impl Iterator<Item = Delivered<'e>>) {
         let mut ranges = lock(&self.ranges);
-        let mut staged: Vec<(SharedView, Vec<Change>)> = Vec::new();
-        let mut index: HashMap<*const Mutex<View>, usize> = HashMap::new();
+        // Each change for each view that takes it, in revision order: the key is copied
+        // only for a view that takes it (most changes in a busy prefix are for nobody here).
+        let mut staged: Vec<(SharedView, Change)> = Vec::new();
         for delivered in changes {
             let Some(range) = self
                 .range_of(delivered.key)
@@ -222,35 +276,28 @@ impl Shared {
             else {
                 continue;
             };
-            let change = Change {
-                key: delivered.key.to_vec(),
-                deleted: delivered.deleted,
-                create_revision: delivered.create_revision,
-                mod_revision: delivered.mod_revision,
-            };
-            range.last = range.last.max(change.mod_revision);
+            range.last = range.last.max(delivered.mod_revision);
             range.known = range
                 .known
                 .take()
-                .and_then(|known| known.after(&change, delivered.value));
+                .and_then(|known| known.after(&delivered, delivered.value));
             for view in &range.views {
                 // Only to a view that takes it: a follower waits for one key's delete, and
                 // every other change of its election (each candidate's write, each release)
                 // would otherwise wake its campaign for nothing.
-                if !lock(view).takes(&change) {
-                    continue;
+                if lock(view).takes(&delivered) {
+                    staged.push((view.clone(), delivered.to_change()));
                 }
-                let at = *index.entry(Arc::as_ptr(view)).or_insert_with(|| {
-                    staged.push((view.clone(), Vec::new()));
-                    staged.len() - 1
-                });
-                staged[at].1.push(change.clone());
             }
         }
-        for (view, changes) in staged {
-            let mut view = lock(&view);
-            let mut pushed = false;
-            for change in changes {
+        // Grouped by view, each view's changes still in revision order (the sort is
+        // stable), and pushed under one lock of the view: its owner sees a response whole.
+        staged.sort_by_key(|(view, _)| Arc::as_ptr(view));
+        let mut staged = staged.into_iter().peekable();
+        while let Some((shared, change)) = staged.next() {
+            let mut view = lock(&shared);
+            let mut pushed = view.push(change);
+            while let Some((_, change)) = staged.next_if(|(next, _)| Arc::ptr_eq(next, &shared)) {
                 pushed |= view.push(change);
             }
             if pushed {
@@ -284,32 +331,33 @@ impl Known {
     /// What is known after `change` (which wrote `value`): the holder's key written again, or
     /// a first key in an empty range, is the holder; the holder's delete makes it unknown (the
     /// next in line would need a read).
-    fn after(mut self: Box<Self>, change: &Change, value: &[u8]) -> Option<Box<Known>> {
+    fn after(mut self: Box<Self>, change: &impl KeyChange, value: &[u8]) -> Option<Box<Known>> {
         // The watch can lag a read: a change the read already showed changes nothing.
-        if change.mod_revision <= self.at {
+        if change.mod_revision() <= self.at {
             return Some(self);
         }
         let holder = self.holder.as_ref().map(|(key, _)| key.as_slice());
-        if change.deleted {
-            if holder == Some(change.key.as_slice()) {
+        if change.deleted() {
+            if holder == Some(change.key()) {
                 return None;
             }
-        } else if holder == Some(change.key.as_slice())
+        } else if holder == Some(change.key())
             || holder.is_none()
-            || change.create_revision < self.created
+            || change.create_revision() < self.created
         {
-            self.holder = Some((change.key.clone(), leader_in(value, change.create_revision)));
-            self.created = change.create_revision;
+            let created = change.create_revision();
+            self.holder = Some((change.key().to_vec(), leader_in(value, created)));
+            self.created = created;
         }
-        self.at = change.mod_revision;
+        self.at = change.mod_revision();
         Some(self)
     }
 }
 
 impl View {
     /// Whether `change` is for the owner: after its last read, and of interest.
-    fn takes(&self, change: &Change) -> bool {
-        self.read.is_none_or(|read| change.mod_revision > read) && self.interest.wants(change)
+    fn takes(&self, change: &impl KeyChange) -> bool {
+        self.read.is_none_or(|read| change.mod_revision() > read) && self.interest.wants(change)
     }
 
     /// Keeps `change` for the owner if it [`takes`](Self::takes) it (past [`MAX_PENDING`],
@@ -753,6 +801,45 @@ mod tests {
         );
         assert_eq!(leader_wakes.count(), 2);
         assert_eq!(lock(&follower).changes.len(), 1);
+    }
+
+    #[test]
+    fn every_view_of_a_range_gets_a_responses_changes_after_its_read_in_order() {
+        let hub = shared("");
+        let (one, one_wakes) = waiting(&hub, "e@", Interest::Everything);
+        let (two, two_wakes) = waiting(&hub, "f@", Interest::Everything);
+        let (also_one, also_one_wakes) = waiting(&hub, "e@", Interest::Everything);
+        // One response whose changes alternate between the two ranges (a revoke of a lease
+        // that both elections' keys are bound to), past the view's read at 10 and before.
+        hub.deliver_changes(
+            [
+                delivered("e@a", true, 9),
+                delivered("e@a", false, 11),
+                delivered("f@a", false, 11),
+                delivered("e@b", false, 12),
+                delivered("f@b", true, 12),
+                delivered("e@a", true, 13),
+            ]
+            .into_iter(),
+        );
+        let seen = |view: &SharedView| {
+            lock(view)
+                .changes
+                .iter()
+                .map(|c| (String::from_utf8_lossy(&c.key).into_owned(), c.mod_revision))
+                .collect::<Vec<_>>()
+        };
+        let e = vec![("e@a".into(), 11), ("e@b".into(), 12), ("e@a".into(), 13)];
+        assert_eq!(
+            seen(&one),
+            e,
+            "in revision order, none at or before the read"
+        );
+        assert_eq!(seen(&also_one), e);
+        assert_eq!(seen(&two), vec![("f@a".into(), 11), ("f@b".into(), 12)]);
+        for wakes in [&one_wakes, &two_wakes, &also_one_wakes] {
+            assert_eq!(wakes.count(), 1, "each owner is woken");
+        }
     }
 
     #[test]
