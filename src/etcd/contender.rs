@@ -486,8 +486,12 @@ impl Contender for EtcdContender {
         let mut fresh = false;
         let mut written = None;
         // Made before the range is read (by the write, or alone), so that the view misses no
-        // change after the read.
-        self.follow(None);
+        // change after the read; and open to every change until the read tells which deletes
+        // to wait for. A view kept from an earlier wait still wants only the deletes of that
+        // wait's keys: the delete of the new predecessor, committed after the read and
+        // delivered before the new keys were set, was dropped, and the candidate waited for it
+        // forever, first in line and never leading.
+        self.follow(None).attend(Interest::Everything);
         loop {
             if self.created.is_none() {
                 if writes == MAX_WRITES {

@@ -352,6 +352,56 @@ async fn next_in_line_whose_key_went_with_the_holders_does_not_win_on_the_old_ke
     );
 }
 
+/// `c` queues behind `a` (the holder) and `b`. `b` leaves, so `c` reads the queue again to
+/// learn its new predecessor, `a`; and `a` leaves around that read. A delete of `a` committed
+/// just after `c`'s read, and delivered before `c` names `a` as the key it waits for, must
+/// not be dropped: it was (the view still wanted only `b`'s delete), and `c` waited for it
+/// forever while first in line, with no leader in the election. The timing is the store's
+/// and the scheduler's, so the rounds spread `a`'s release around `c`'s read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_sees_its_new_predecessor_go_right_after_its_read() {
+    let etcd = EtcdServer::single().await;
+    for round in 0..24u32 {
+        let election = format!("new-predecessor-{round}");
+        let ((a_session, a), (b_session, mut b)) = holder_and_follower(&etcd, &election).await;
+        let (c_session, c, held) = queued(&etcd, &election, "c").await;
+        assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
+        let c_waits = waits(c);
+        sleep(Duration::from_millis(20)).await;
+        b.release().await.expect("release b");
+        let mut c = timeout(PATIENCE, c_waits)
+            .await
+            .expect("c sees its predecessor go")
+            .expect("c's task");
+        let yields = round % 8 * 16;
+        let a_leaves = tokio::spawn(async move {
+            let mut a = a;
+            for _ in 0..yields {
+                tokio::task::yield_now().await;
+            }
+            a.release().await.expect("release a");
+            a
+        });
+        if let Attempt::Held { .. } = c.acquire().await.expect("acquire") {
+            timeout(PATIENCE, c.wait())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("round {round}: c never saw the holder's delete, first in line")
+                })
+                .expect("wait");
+        }
+        assert!(
+            matches!(c.acquire().await.expect("acquire"), Attempt::Won { .. }),
+            "round {round}: c is alone in the election"
+        );
+        let a = a_leaves.await.expect("a's task");
+        drop((a, b, c));
+        for session in [a_session, b_session, c_session] {
+            session.close().await.expect("close");
+        }
+    }
+}
+
 /// Writes a few keys outside any election, and compacts etcd's history up to the last.
 async fn compact_past_now(client: &mut Client) {
     for n in 0..5 {
