@@ -36,6 +36,63 @@ pub struct LeaseStore {
     /// What this process saw of each Lease it deals with, and when it saw it change.
     sightings: Arc<Sightings>,
     notifier: Notifier,
+    /// The acquisitions' writes still running (see [`LeaseStore::detached`]).
+    writes: Arc<Writes>,
+}
+
+/// The acquisitions' writes still running, by Lease name. Each runs in a task of its own: an
+/// acquire dropped with its write sent (a campaign shut down as it began) must not leave a
+/// write that the API server applies later, unknown to the release that follows. Requests
+/// go over HTTP/2 streams of their own, so the release's read can overtake the write on a
+/// busy server; the release waits for the write's answer instead
+/// ([`Store::writes_settled`]).
+#[derive(Default)]
+struct Writes {
+    running: Mutex<HashMap<String, usize>>,
+    ended: tokio::sync::Notify,
+}
+
+/// One running write of [`Writes`], counted until dropped (its task ended, or unwound).
+struct Running {
+    writes: Arc<Writes>,
+    name: String,
+}
+
+impl Writes {
+    fn start(self: &Arc<Self>, name: &str) -> Running {
+        *lock(&self.running).entry(name.to_owned()).or_default() += 1;
+        Running {
+            writes: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Until no write of `name` runs.
+    async fn settled(&self, name: &str) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if !lock(&self.running).contains_key(name) {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = lock(&self.writes.running);
+        if let Some(count) = running.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&self.name);
+            }
+        }
+        drop(running);
+        self.writes.ended.notify_waiters();
+    }
 }
 
 impl std::fmt::Debug for LeaseStore {
@@ -316,6 +373,7 @@ impl LeaseStore {
             timeout,
             sightings,
             notifier: Notifier::new(keys, stop),
+            writes: Arc::default(),
         })
     }
 
@@ -329,12 +387,39 @@ impl LeaseStore {
         what: &str,
         request: impl Future<Output = kube::Result<T>>,
     ) -> std::result::Result<T, Failure> {
-        match tokio::time::timeout(self.timeout, request).await {
-            Err(_) => Err(Failure::Other(timed_out(what, self.timeout))),
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Failure::Conflict),
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(Failure::Missing),
-            Ok(Err(error)) => Err(Failure::Other(from_kube(error, what))),
+        request_within(self.timeout, what, request).await
+    }
+
+    /// An acquisition's write of `lease` (a create, or an update preconditioned on its
+    /// version), recorded as seen when it is answered: in a task of its own, counted in
+    /// [`Writes`] until it ends, so that dropping the acquire does not drop the write.
+    async fn detached(&self, lease: Lease, create: bool) -> std::result::Result<(), Failure> {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let running = self.writes.start(&name);
+        let (api, timeout, sightings) = (self.api.clone(), self.timeout, self.sightings.clone());
+        let task = tokio::spawn(async move {
+            let params = PostParams::default();
+            let written = if create {
+                request_within(timeout, "creating the Lease", api.create(&params, &lease)).await
+            } else {
+                request_within(
+                    timeout,
+                    "updating the Lease",
+                    api.replace(&name, &params, &lease),
+                )
+                .await
+            };
+            let written = written.map(|lease| drop(sightings.tracked(&lease)));
+            drop(running);
+            written
+        });
+        match task.await {
+            Ok(written) => written,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            Err(error) => Err(Failure::Other(Error::Store {
+                backend: NAME,
+                reason: format!("the Lease's write did not finish: {error}"),
+            })),
         }
     }
 
@@ -417,6 +502,21 @@ impl LeaseStore {
             }
         }
         Err(conflicts(name))
+    }
+}
+
+/// Runs one request with `timeout`.
+async fn request_within<T>(
+    timeout: Duration,
+    what: &str,
+    request: impl Future<Output = kube::Result<T>>,
+) -> std::result::Result<T, Failure> {
+    match tokio::time::timeout(timeout, request).await {
+        Err(_) => Err(Failure::Other(timed_out(what, timeout))),
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(Failure::Conflict),
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(Failure::Missing),
+        Ok(Err(error)) => Err(Failure::Other(from_kube(error, what))),
     }
 }
 
@@ -574,17 +674,7 @@ impl Store for LeaseStore {
             spec.renew_time = Some(now);
             spec.lease_transitions = Some(transitions);
             let creating = seen.is_none();
-            let written = match seen {
-                Some(_) => self.update(&lease).await.map(drop),
-                None => self
-                    .request(
-                        "creating the Lease",
-                        self.api.create(&PostParams::default(), &lease),
-                    )
-                    .await
-                    .map(|created| drop(self.sightings.tracked(&created))),
-            };
-            match written {
+            match self.detached(lease, creating).await {
                 Ok(()) => {
                     return Ok(Acquired::Won {
                         token,
@@ -677,6 +767,12 @@ impl Store for LeaseStore {
 
     fn subscribe(&self, key: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.notifier.subscribe(&lease_name(key)))
+    }
+
+    /// Waits for this process's acquisitions' writes of the Lease to be answered (each at
+    /// most the request timeout).
+    async fn writes_settled(&self, key: &str) {
+        self.writes.settled(&lease_name(key)).await;
     }
 }
 

@@ -544,10 +544,12 @@ impl<S: Store> Contender for PolledContender<S> {
                 return Ok(());
             }
             // An acquire's answer was lost, or the acquire was dropped with a write in
-            // flight: the key may be ours without our knowing. A write still on its way may
-            // land after a first read, so a read that finds nothing of ours is made once more
-            // after a pause. A write that lands later still holds the key only until its
-            // expiry, one ttl: nobody renews it.
+            // flight: the key may be ours without our knowing. Where the store could apply
+            // that write after a read sent now, its answer is awaited first. A write still on
+            // its way may land after a first read, so a read that finds nothing of ours is
+            // made once more after a pause. A write that lands later still holds the key only
+            // until its expiry, one ttl: nobody renews it.
+            store.writes_settled(&self.key).await;
             for pass in 0..2 {
                 if pass == 1 {
                     tokio::time::sleep(UNCERTAIN_RECHECK).await;

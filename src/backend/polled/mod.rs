@@ -328,6 +328,13 @@ pub trait Store: sealed::Sealed + fmt::Debug + Send + Sync + 'static {
     fn subscribe(&self, _key: &str) -> Option<watch::Receiver<u64>> {
         None
     }
+
+    /// Until the writes of `key` by this process's acquisitions, dropped or not, have been
+    /// answered, where a later read could overtake one (requests on separate streams of one
+    /// connection); nothing where the store answers a connection's requests in order.
+    fn writes_settled(&self, _key: &str) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 /// The base of a polled backend's [`BackendInfo`]; each backend sets its ttl bounds.
