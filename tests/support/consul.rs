@@ -96,5 +96,35 @@ async fn try_spawn_dev(
     };
     let mut process = ServerProcess::spawn(name, consul, args, dir, probe);
     process.try_wait_ready().await?;
+    // A session made before the new leader has registered the agent's node is refused
+    // ("Missing node registration", 500), which a loaded machine showed: wait for the node
+    // too. (With ACLs on, an anonymous read lists no node; those tests wait for the ACLs to
+    // settle before anything else.)
+    if !extra.iter().any(|arg| arg.contains("acl")) {
+        let registered = Probe::Http {
+            addr: http,
+            path: "/v1/catalog/nodes",
+            check: lists_a_node,
+        };
+        let deadline = tokio::time::Instant::now() + NODE_REGISTRATION;
+        while !registered.is_ready().await {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "{name} registered no node within {NODE_REGISTRATION:?} of electing \
+                     itself\n{}",
+                    process.log_tail()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
     Ok((process, http))
+}
+
+/// How long a dev agent may take to register its node after electing itself leader.
+const NODE_REGISTRATION: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether a `/v1/catalog/nodes` body lists a node.
+fn lists_a_node(body: &str) -> bool {
+    serde_json::from_str::<Vec<serde_json::Value>>(body).is_ok_and(|nodes| !nodes.is_empty())
 }
