@@ -1275,20 +1275,6 @@ fn a_lock_directory_that_cannot_be_made_ends_every_subcommand_at_once_with_exit_
     }
 }
 
-/// An address on the loopback interface where nothing listens.
-#[cfg(any(
-    feature = "etcd",
-    feature = "consul",
-    feature = "redis",
-    feature = "memcached"
-))]
-fn unreachable_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    let port = listener.local_addr().expect("local address").port();
-    drop(listener);
-    format!("127.0.0.1:{port}")
-}
-
 /// Against a store nobody answers at: `run` keeps trying without --fail-after, and gives up
 /// with exit code 1 after it; `observe` likewise; `status` gives up after --timeout. Each
 /// line says where the store is.
@@ -1298,7 +1284,10 @@ fn unreachable_address() -> String {
     feature = "redis",
     feature = "memcached"
 ))]
-fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
+fn an_unreachable_store_is_retried_until_fail_after(scheme: &str) {
+    let (nobody, _refusing) = crate::support::net::refused_addr();
+    let backend = format!("{scheme}://{nobody}");
+    let backend = backend.as_str();
     let sandbox = Sandbox::new();
     let e = ELECTION;
     let mut forever = Guard(
@@ -1385,31 +1374,25 @@ fn an_unreachable_store_is_retried_until_fail_after(backend: &str) {
 #[cfg(feature = "etcd")]
 #[test]
 fn an_unreachable_etcd_is_retried_until_fail_after() {
-    an_unreachable_store_is_retried_until_fail_after(&format!("etcd://{}", unreachable_address()));
+    an_unreachable_store_is_retried_until_fail_after("etcd");
 }
 
 #[cfg(feature = "consul")]
 #[test]
 fn an_unreachable_consul_agent_is_retried_until_fail_after() {
-    an_unreachable_store_is_retried_until_fail_after(&format!(
-        "consul://{}",
-        unreachable_address()
-    ));
+    an_unreachable_store_is_retried_until_fail_after("consul");
 }
 
 #[cfg(feature = "redis")]
 #[test]
 fn an_unreachable_redis_is_retried_until_fail_after() {
-    an_unreachable_store_is_retried_until_fail_after(&format!("redis://{}", unreachable_address()));
+    an_unreachable_store_is_retried_until_fail_after("redis");
 }
 
 #[cfg(feature = "memcached")]
 #[test]
 fn an_unreachable_memcached_is_retried_until_fail_after() {
-    an_unreachable_store_is_retried_until_fail_after(&format!(
-        "memcached://{}",
-        unreachable_address()
-    ));
+    an_unreachable_store_is_retried_until_fail_after("memcached");
 }
 
 /// A host name that cannot resolve (`.invalid` never does) is a store that cannot be reached:

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::events::{demoted, elected};
-use crate::support::net::free_addr;
 use crate::support::{ConsulDev, ServerProcess};
 use incumbent::consul::client::{ConsulClient, PutOptions, QueryOptions, SessionCreate};
 use incumbent::consul::{ConsulBackend, ConsulConfig};
@@ -665,7 +664,8 @@ async fn an_agent_paused_for_less_than_the_renew_deadline_keeps_the_leader() {
 
 #[tokio::test]
 async fn an_unreachable_agent_is_reported_as_unavailable_and_retried() {
-    let nobody = format!("http://{}", free_addr());
+    let (nobody, _refusing) = crate::support::net::refused_addr();
+    let nobody = format!("http://{nobody}");
     let campaign = candidate(&nobody, "unreachable", "a", None);
     let mut status = campaign.status();
     let problem = timeout(

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::support::net::{free_addr, free_port};
+use crate::support::net::free_port;
 use crate::support::{ConsulDev, ServerProcess};
 use incumbent::consul::client::{
     ConsulClient, ConsulConfig, ConsulError, PutOptions, QueryOptions, SessionCreate,
@@ -584,9 +584,9 @@ async fn enterprise_namespace_on_open_source_consul_is_a_bad_request() {
 
 #[tokio::test]
 async fn unreachable_agent_is_transient() {
+    let (nobody, _refusing) = crate::support::net::refused_addr();
     let client = ConsulClient::new(
-        ConsulConfig::new(format!("http://{}", free_addr()))
-            .request_timeout(Duration::from_secs(2)),
+        ConsulConfig::new(format!("http://{nobody}")).request_timeout(Duration::from_secs(2)),
     )
     .unwrap();
     let err = client.status_leader().await.unwrap_err();

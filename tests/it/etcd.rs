@@ -1075,9 +1075,7 @@ async fn malformed_endpoints_are_invalid_config() {
 
 #[tokio::test]
 async fn unreachable_endpoint_is_unavailable() {
-    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = free.local_addr().expect("address");
-    drop(free);
+    let (addr, _refusing) = crate::support::net::refused_addr();
     let connected = EtcdBackend::builder([format!("http://{addr}")])
         .connect_timeout(Duration::from_millis(500))
         .connect()
@@ -1426,7 +1424,7 @@ async fn a_follower_whose_lease_is_revoked_is_back_in_the_queue_at_once() {
 async fn connect_to_an_etcd_that_is_down_fails_at_once_and_says_it_did_not_retry() {
     // Nothing listens there: connect tries once. Its message must not claim a retry that
     // does not happen (a pod would crash-loop believing the library retries).
-    let nobody = crate::support::net::free_addr();
+    let (nobody, _refusing) = crate::support::net::refused_addr();
     let started = Instant::now();
     let error = EtcdBackend::builder([format!("http://{nobody}")])
         .connect_timeout(Duration::from_millis(500))

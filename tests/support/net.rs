@@ -22,3 +22,21 @@ pub fn free_port() -> u16 {
 pub fn free_addr() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()))
 }
+
+/// A loopback address where every connection is refused, for as long as the returned guard
+/// lives: its port is bound, so no server (of this test process or another) can take it
+/// meanwhile, but not listening. A port merely found free can be taken by a server another
+/// test starts a moment later, which then answers in the name of "nobody".
+pub fn refused_addr() -> (SocketAddr, Refusing) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .expect("bind 127.0.0.1:0");
+    let addr = socket.local_addr().expect("local_addr");
+    (addr, Refusing { _socket: socket })
+}
+
+/// Holds the port of [`refused_addr`]; dropping it frees the port.
+pub struct Refusing {
+    _socket: tokio::net::TcpSocket,
+}
