@@ -323,9 +323,24 @@ async fn a_forbidden_user_is_told_which_role_it_needs() {
     assert!(!message.contains("incumbent-user-token"), "{message}");
 }
 
+/// Waits until one of `campaigns` leads (at most [`PATIENCE`]); fails if none, or several, do.
+async fn one_leads(campaigns: &[incumbent::Campaign]) {
+    let leading = || {
+        campaigns
+            .iter()
+            .filter(|c| c.status().borrow().is_leader())
+            .count()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    while leading() == 0 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(leading(), 1, "one leader within {PATIENCE:?}");
+}
+
 /// Twelve candidates, each with a client of its own, race for one Lease at once (409
-/// Conflicts for all but one write per version): exactly one leads, and when it leaves,
-/// exactly one other takes over, with a greater token.
+/// Conflicts for all but one write per version): one leads, never two, and when it leaves,
+/// one other takes over, with a greater token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_storm_gives_one_leader() {
     let server = KubeServer::start().await;
@@ -340,15 +355,15 @@ async fn a_conflict_storm_gives_one_leader() {
             .filter(|c| c.status().borrow().is_leader())
             .count()
     };
-    let deadline = Instant::now() + PATIENCE;
-    while leading(&campaigns) == 0 && Instant::now() < deadline {
-        sleep(Duration::from_millis(20)).await;
-    }
-    // Sampled every 20 ms for two ttls: never more than one.
+    // Sampled every 20 ms for two ttls: never two leaders. (On a machine too loaded to
+    // answer a renewal within the renew deadline, 1.3 s here, the leader fences itself and
+    // there is none for a moment, as there must be: two suites side by side showed it.)
+    one_leads(&campaigns).await;
     for _ in 0..(TTL * 2).as_millis() / 20 {
-        assert_eq!(leading(&campaigns), 1, "not exactly one leader");
+        assert!(leading(&campaigns) <= 1, "two leaders");
         sleep(Duration::from_millis(20)).await;
     }
+    one_leads(&campaigns).await;
     let first = campaigns
         .iter()
         .position(|c| c.status().borrow().is_leader())
@@ -362,18 +377,12 @@ async fn a_conflict_storm_gives_one_leader() {
         .expect("a token");
     let leaver = campaigns.remove(first);
     leaver.shutdown().await.expect("shutdown");
-    let deadline = Instant::now() + PATIENCE;
-    while leading(&campaigns) == 0 && Instant::now() < deadline {
-        sleep(Duration::from_millis(20)).await;
-    }
+    one_leads(&campaigns).await;
     for _ in 0..(TTL * 2).as_millis() / 20 {
-        assert_eq!(
-            leading(&campaigns),
-            1,
-            "not exactly one leader after the hand-off"
-        );
+        assert!(leading(&campaigns) <= 1, "two leaders after the hand-off");
         sleep(Duration::from_millis(20)).await;
     }
+    one_leads(&campaigns).await;
     let next = campaigns
         .iter()
         .find_map(|c| {
