@@ -62,10 +62,15 @@ async fn a_restart_demotes_the_leader_at_its_next_renewal_and_tokens_still_grow(
     server.process().restart().await;
     let restarted = Instant::now();
     // Key and counter are gone: the next renewal finds out, and the explanation says the
-    // store lost the session, not that someone deleted the key.
-    assert_eq!(
-        demoted(&mut a, PATIENCE).await,
-        DemotionReason::SessionExpired
+    // store lost the session, not that someone deleted the key. (A restart slower than the
+    // renew deadline, on a loaded machine, ends the term at the deadline first.)
+    let reason = demoted(&mut a, PATIENCE).await;
+    assert!(
+        matches!(
+            reason,
+            DemotionReason::SessionExpired | DemotionReason::RenewDeadlineExceeded
+        ),
+        "{reason:?}"
     );
     println!("demoted {:?} after the restart", restarted.elapsed());
     // The counter went back to zero: it is raised past the last token, and the next term
