@@ -113,64 +113,13 @@ pub(super) enum Interest {
 }
 
 impl Interest {
-    fn wants(&self, change: &impl KeyChange) -> bool {
+    fn wants(&self, change: ChangeRef<'_>) -> bool {
         match self {
             Interest::Everything => true,
             Interest::Deletes(keys) => {
-                change.deleted() && keys.iter().any(|key| key.as_slice() == change.key())
+                change.deleted && keys.iter().any(|key| key.as_slice() == change.key)
             }
             Interest::Nothing => false,
-        }
-    }
-}
-
-/// What the hub and a view look at in a change: a [`Change`], or a [`Delivered`] event
-/// still borrowed from its response, so that the key is copied only for a view that takes
-/// it.
-trait KeyChange {
-    fn key(&self) -> &[u8];
-    fn deleted(&self) -> bool;
-    fn create_revision(&self) -> i64;
-    fn mod_revision(&self) -> i64;
-}
-
-impl KeyChange for Change {
-    fn key(&self) -> &[u8] {
-        &self.key
-    }
-    fn deleted(&self) -> bool {
-        self.deleted
-    }
-    fn create_revision(&self) -> i64 {
-        self.create_revision
-    }
-    fn mod_revision(&self) -> i64 {
-        self.mod_revision
-    }
-}
-
-impl KeyChange for Delivered<'_> {
-    fn key(&self) -> &[u8] {
-        self.key
-    }
-    fn deleted(&self) -> bool {
-        self.deleted
-    }
-    fn create_revision(&self) -> i64 {
-        self.create_revision
-    }
-    fn mod_revision(&self) -> i64 {
-        self.mod_revision
-    }
-}
-
-impl Delivered<'_> {
-    fn to_change(&self) -> Change {
-        Change {
-            key: self.key.to_vec(),
-            deleted: self.deleted,
-            create_revision: self.create_revision,
-            mod_revision: self.mod_revision,
         }
     }
 }
@@ -187,14 +136,43 @@ pub(super) struct Change {
     pub mod_revision: i64,
 }
 
-/// One event of a watch response, as borrowed from it.
-struct Delivered<'e> {
-    key: &'e [u8],
-    /// The value written (empty for a delete).
-    value: &'e [u8],
+impl Change {
+    fn as_ref(&self) -> ChangeRef<'_> {
+        ChangeRef {
+            key: &self.key,
+            deleted: self.deleted,
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
+}
+
+/// A [`Change`] borrowed: what the hub and a view look at, so that a watch event's key is
+/// copied only for a view that takes it.
+#[derive(Clone, Copy)]
+struct ChangeRef<'k> {
+    key: &'k [u8],
     deleted: bool,
     create_revision: i64,
     mod_revision: i64,
+}
+
+impl ChangeRef<'_> {
+    fn to_owned(self) -> Change {
+        Change {
+            key: self.key.to_vec(),
+            deleted: self.deleted,
+            create_revision: self.create_revision,
+            mod_revision: self.mod_revision,
+        }
+    }
+}
+
+/// One event of a watch response, as borrowed from it.
+struct Delivered<'e> {
+    change: ChangeRef<'e>,
+    /// The value written (empty for a delete).
+    value: &'e [u8],
 }
 
 /// What [`Follow::next`] saw.
@@ -254,11 +232,13 @@ impl Shared {
         self.deliver_changes(events.iter().filter_map(|event| {
             let kv = event.kv()?;
             Some(Delivered {
-                key: kv.key(),
+                change: ChangeRef {
+                    key: kv.key(),
+                    deleted: event.event_type() == EventType::Delete,
+                    create_revision: kv.create_revision(),
+                    mod_revision: kv.mod_revision(),
+                },
                 value: kv.value(),
-                deleted: event.event_type() == EventType::Delete,
-                create_revision: kv.create_revision(),
-                mod_revision: kv.mod_revision(),
             })
         }));
     }
@@ -269,24 +249,24 @@ impl Shared {
         // Each change for each view that takes it, in revision order: the key is copied
         // only for a view that takes it (most changes in a busy prefix are for nobody here).
         let mut staged: Vec<(SharedView, Change)> = Vec::new();
-        for delivered in changes {
+        for Delivered { change, value } in changes {
             let Some(range) = self
-                .range_of(delivered.key)
+                .range_of(change.key)
                 .and_then(|range| ranges.get_mut(range))
             else {
                 continue;
             };
-            range.last = range.last.max(delivered.mod_revision);
+            range.last = range.last.max(change.mod_revision);
             range.known = range
                 .known
                 .take()
-                .and_then(|known| known.after(&delivered, delivered.value));
+                .and_then(|known| known.after(change, value));
             for view in &range.views {
                 // Only to a view that takes it: a follower waits for one key's delete, and
                 // every other change of its election (each candidate's write, each release)
                 // would otherwise wake its campaign for nothing.
-                if lock(view).takes(&delivered) {
-                    staged.push((view.clone(), delivered.to_change()));
+                if lock(view).takes(change) {
+                    staged.push((view.clone(), change.to_owned()));
                 }
             }
         }
@@ -331,39 +311,41 @@ impl Known {
     /// What is known after `change` (which wrote `value`): the holder's key written again, or
     /// a first key in an empty range, is the holder; the holder's delete makes it unknown (the
     /// next in line would need a read).
-    fn after(mut self: Box<Self>, change: &impl KeyChange, value: &[u8]) -> Option<Box<Known>> {
+    fn after(mut self: Box<Self>, change: ChangeRef<'_>, value: &[u8]) -> Option<Box<Known>> {
         // The watch can lag a read: a change the read already showed changes nothing.
-        if change.mod_revision() <= self.at {
+        if change.mod_revision <= self.at {
             return Some(self);
         }
         let holder = self.holder.as_ref().map(|(key, _)| key.as_slice());
-        if change.deleted() {
-            if holder == Some(change.key()) {
+        if change.deleted {
+            if holder == Some(change.key) {
                 return None;
             }
-        } else if holder == Some(change.key())
+        } else if holder == Some(change.key)
             || holder.is_none()
-            || change.create_revision() < self.created
+            || change.create_revision < self.created
         {
-            let created = change.create_revision();
-            self.holder = Some((change.key().to_vec(), leader_in(value, created)));
-            self.created = created;
+            self.holder = Some((
+                change.key.to_vec(),
+                leader_in(value, change.create_revision),
+            ));
+            self.created = change.create_revision;
         }
-        self.at = change.mod_revision();
+        self.at = change.mod_revision;
         Some(self)
     }
 }
 
 impl View {
     /// Whether `change` is for the owner: after its last read, and of interest.
-    fn takes(&self, change: &impl KeyChange) -> bool {
-        self.read.is_none_or(|read| change.mod_revision() > read) && self.interest.wants(change)
+    fn takes(&self, change: ChangeRef<'_>) -> bool {
+        self.read.is_none_or(|read| change.mod_revision > read) && self.interest.wants(change)
     }
 
     /// Keeps `change` for the owner if it [`takes`](Self::takes) it (past [`MAX_PENDING`],
     /// the owner must read again instead); whether the owner has news.
     fn push(&mut self, change: Change) -> bool {
-        if !self.takes(&change) {
+        if !self.takes(change.as_ref()) {
             return false;
         }
         if self.changes.len() >= MAX_PENDING {
@@ -591,7 +573,8 @@ impl Follow {
     /// From now on passes on only what `interest` names (the changes held already too).
     pub fn attend(&mut self, interest: Interest) {
         let mut view = lock(&self.view);
-        view.changes.retain(|change| interest.wants(change));
+        view.changes
+            .retain(|change| interest.wants(change.as_ref()));
         view.interest = interest;
     }
 
@@ -719,10 +702,10 @@ mod tests {
             "changes up to the read are in the read"
         );
         view.interest = Interest::Deletes(vec![b"e@b".to_vec()]);
-        assert!(!view.takes(&change("e@a", true, 12)));
+        assert!(!view.takes(change("e@a", true, 12).as_ref()));
         assert!(!view.push(change("e@a", true, 12)));
         assert!(!view.push(change("e@b", false, 13)));
-        assert!(view.takes(&change("e@b", true, 14)));
+        assert!(view.takes(change("e@b", true, 14).as_ref()));
         assert!(view.push(change("e@b", true, 14)));
         let kept: Vec<i64> = view.changes.iter().map(|c| c.mod_revision).collect();
         assert_eq!(kept, [11, 14]);
@@ -764,11 +747,13 @@ mod tests {
     /// A watch event of `key`, at `revision`.
     fn delivered(key: &str, deleted: bool, revision: i64) -> Delivered<'_> {
         Delivered {
-            key: key.as_bytes(),
+            change: ChangeRef {
+                key: key.as_bytes(),
+                deleted,
+                create_revision: if deleted { 0 } else { revision },
+                mod_revision: revision,
+            },
             value: b"",
-            deleted,
-            create_revision: if deleted { 0 } else { revision },
-            mod_revision: revision,
         }
     }
 
@@ -867,34 +852,34 @@ mod tests {
             at: 10,
             created: 0,
         });
-        let first = empty.after(&change("e@a", false, 11), &value("a"));
+        let first = empty.after(change("e@a", false, 11).as_ref(), &value("a"));
         assert_eq!(
             id(&first),
             Some(Some(("a".into(), Some(11)))),
             "a first key leads"
         );
-        let behind = first.and_then(|k| k.after(&change("e@b", false, 12), &value("b")));
+        let behind = first.and_then(|k| k.after(change("e@b", false, 12).as_ref(), &value("b")));
         assert_eq!(
             id(&behind),
             Some(Some(("a".into(), Some(11)))),
             "b queues behind a"
         );
-        let follower_gone = behind.and_then(|k| k.after(&change("e@b", true, 13), &[]));
+        let follower_gone = behind.and_then(|k| k.after(change("e@b", true, 13).as_ref(), &[]));
         assert_eq!(follower_gone.as_ref().map(|k| k.at), Some(13));
         let proclaimed =
-            follower_gone.and_then(|k| k.after(&change_of("e@a", 11, 14), &value("a2")));
+            follower_gone.and_then(|k| k.after(change_of("e@a", 11, 14).as_ref(), &value("a2")));
         assert_eq!(
             id(&proclaimed),
             Some(Some(("a2".into(), Some(11)))),
             "the holder's value is rewritten, its token stays"
         );
-        let late = proclaimed.and_then(|k| k.after(&change_of("e@z", 9, 9), &value("z")));
+        let late = proclaimed.and_then(|k| k.after(change_of("e@z", 9, 9).as_ref(), &value("z")));
         assert_eq!(
             id(&late),
             Some(Some(("a2".into(), Some(11)))),
             "a change the knowledge already holds (the watch lagging a read) changes nothing"
         );
-        let gone = late.and_then(|k| k.after(&change("e@a", true, 15), &[]));
+        let gone = late.and_then(|k| k.after(change("e@a", true, 15).as_ref(), &[]));
         assert!(gone.is_none(), "who is next needs a read");
     }
 
