@@ -189,3 +189,29 @@ async fn proxy_reset_all_resets_open_connections() {
     assert_eq!(error.kind(), io::ErrorKind::ConnectionReset);
     assert_healthy(proxy.addr()).await;
 }
+
+/// A server whose port another process took answers the probe through that process: the
+/// harness must see that the listener is not its server's, or two tests share a store.
+#[tokio::test]
+async fn a_probe_answered_by_another_process_is_not_taken_as_ready() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let addr = taken.local_addr().expect("local_addr");
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A "server" that never listens: only this test process does, on its port.
+    let mut process = crate::support::process::ServerProcess::spawn(
+        "sleeper",
+        "sleep".into(),
+        vec!["30".into()],
+        dir.path(),
+        crate::support::process::Probe::Tcp { addr },
+    );
+    let refused = process
+        .try_wait_ready()
+        .await
+        .expect_err("the listener is this test's, not the server's");
+    assert!(
+        refused.contains("another process listens"),
+        "the reason names the taken port: {refused}"
+    );
+    assert_eq!(process.pid(), None, "the server process was stopped");
+}

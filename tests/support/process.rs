@@ -49,6 +49,54 @@ impl Probe {
     }
 }
 
+impl Probe {
+    /// The address probed.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Probe::Http { addr, .. } | Probe::Tcp { addr } => addr,
+        }
+    }
+}
+
+/// Whether the socket listening on `addr`'s port belongs to `pid` or one of its
+/// descendants: `None` when no listener is found or `/proc` cannot tell.
+fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
+    let table = if addr.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let port = format!("{:04X}", addr.port());
+    // Lines: `sl local_address rem_address st ... uid timeout inode`; state 0A is LISTEN.
+    let inodes: Vec<String> = std::fs::read_to_string(table)
+        .ok()?
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (_, local_port) = fields.get(1)?.rsplit_once(':')?;
+            (local_port == port && *fields.get(3)? == "0A")
+                .then(|| fields.get(9).map(|s| (*s).to_owned()))?
+        })
+        .collect();
+    if inodes.is_empty() {
+        return None;
+    }
+    let owned = family(pid).into_iter().any(|member| {
+        std::fs::read_dir(format!("/proc/{member}/fd"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .any(|link| {
+                inodes
+                    .iter()
+                    .any(|inode| link.to_str() == Some(&format!("socket:[{inode}]")))
+            })
+    });
+    Some(owned)
+}
+
 /// A running (or deliberately stopped) server process, killed on drop.
 /// Its stdout and stderr go to `<dir>/<name>.log`.
 pub struct ServerProcess {
@@ -97,6 +145,22 @@ impl ServerProcess {
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         loop {
             if self.probe.is_ready().await {
+                // The probe may have reached another process's server that took the port
+                // between our choosing it and our server binding it (tests run as many
+                // processes at once): that one would answer for ours, and two tests would
+                // share a store.
+                if let Some(pid) = self.pid()
+                    && listener_owner(self.probe.addr(), pid) == Some(false)
+                {
+                    let tail = self.log_tail();
+                    self.kill9();
+                    return Err(format!(
+                        "{}: {} answers, but another process listens there (the port was \
+                         taken)\n{tail}",
+                        self.name,
+                        self.probe.addr()
+                    ));
+                }
                 return Ok(());
             }
             if let Some(status) = self.child_mut().try_wait().expect("try_wait") {
