@@ -194,10 +194,11 @@ async fn proxy_reset_all_resets_open_connections() {
 /// harness must see that the listener is not its server's, or two tests share a store.
 #[tokio::test]
 async fn a_probe_answered_by_another_process_is_not_taken_as_ready() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    let addr = taken.local_addr().expect("local_addr");
+    // Another process's server (an etcd) holds the port.
+    let other = EtcdServer::single().await;
+    let addr = other.client_addr();
     let dir = tempfile::tempdir().expect("temp dir");
-    // A "server" that never listens: only this test process does, on its port.
+    // A "server" that never listens: its probe reaches the etcd.
     let mut process = crate::support::process::ServerProcess::spawn(
         "sleeper",
         "sleep".into(),
@@ -208,7 +209,7 @@ async fn a_probe_answered_by_another_process_is_not_taken_as_ready() {
     let refused = process
         .try_wait_ready()
         .await
-        .expect_err("the listener is this test's, not the server's");
+        .expect_err("the listener is the etcd's, not the server's");
     assert!(
         refused.contains("another process listens"),
         "the reason names the taken port: {refused}"

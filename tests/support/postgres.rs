@@ -271,6 +271,8 @@ impl PostgresServer {
             },
         );
         process.try_wait_ready().await?;
+        // The probe is this process's; the server's own port is checked here.
+        process.verify_listener(addr)?;
         Ok(PostgresServer {
             process,
             addr,
@@ -414,6 +416,7 @@ impl PgBouncer {
                 },
             );
             process.try_wait_ready().await?;
+            process.verify_listener(addr)?;
             Ok(PgBouncer {
                 process,
                 addr,

@@ -59,7 +59,7 @@ impl Probe {
 }
 
 /// Whether the socket listening on `addr`'s port belongs to `pid` or one of its
-/// descendants: `None` when no listener is found or `/proc` cannot tell.
+/// descendants, or to this process: `None` when no listener is found or `/proc` cannot tell.
 fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
     let table = if addr.is_ipv4() {
         "/proc/net/tcp"
@@ -82,7 +82,9 @@ fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
     if inodes.is_empty() {
         return None;
     }
-    let owned = family(pid).into_iter().any(|member| {
+    let mut owners = family(pid);
+    owners.extend(libc::pid_t::try_from(std::process::id()).ok());
+    let owned = owners.into_iter().any(|member| {
         std::fs::read_dir(format!("/proc/{member}/fd"))
             .into_iter()
             .flatten()
@@ -149,18 +151,7 @@ impl ServerProcess {
                 // between our choosing it and our server binding it (tests run as many
                 // processes at once): that one would answer for ours, and two tests would
                 // share a store.
-                if let Some(pid) = self.pid()
-                    && listener_owner(self.probe.addr(), pid) == Some(false)
-                {
-                    let tail = self.log_tail();
-                    self.kill9();
-                    return Err(format!(
-                        "{}: {} answers, but another process listens there (the port was \
-                         taken)\n{tail}",
-                        self.name,
-                        self.probe.addr()
-                    ));
-                }
+                self.verify_listener(self.probe.addr())?;
                 return Ok(());
             }
             if let Some(status) = self.child_mut().try_wait().expect("try_wait") {
@@ -181,6 +172,24 @@ impl ServerProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Checks that the socket listening on `addr` is this server's (its process or a
+    /// descendant) or this test process's own (a probe of the harness), not another
+    /// process's that took the port first; if not, stops the server and says so.
+    pub fn verify_listener(&mut self, addr: SocketAddr) -> Result<(), String> {
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        if listener_owner(addr, pid) != Some(false) {
+            return Ok(());
+        }
+        let tail = self.log_tail();
+        self.kill9();
+        Err(format!(
+            "{}: {addr} answers, but another process listens there (the port was taken)\n{tail}",
+            self.name
+        ))
     }
 
     /// The process id, while the process runs.

@@ -219,6 +219,8 @@ impl<K> TextServer<K> {
             },
         );
         process.try_wait_ready().await?;
+        // The probe is this process's; the server's own port is checked here.
+        process.verify_listener(addr)?;
         Ok(TextServer {
             kind: PhantomData,
             process,

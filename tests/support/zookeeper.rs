@@ -95,6 +95,7 @@ impl ZookeeperServer {
         };
         let mut process = ServerProcess::spawn("zookeeper", java, args, dir.path(), probe);
         process.try_wait_ready().await?;
+        process.verify_listener(client_addr)?;
         Ok(ZookeeperServer {
             process,
             client_addr,
@@ -254,9 +255,10 @@ impl ZookeeperEnsemble {
                 probe,
             ));
         }
-        for member in &mut members {
+        for (member, &client) in members.iter_mut().zip(&client_addrs) {
             // On failure the members are dropped, which kills those still running.
             member.try_wait_ready().await?;
+            member.verify_listener(client)?;
         }
         Ok(ZookeeperEnsemble {
             members,
