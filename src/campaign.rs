@@ -391,7 +391,7 @@ pub(crate) fn spawn<B: Backend>(
         },
         status,
         subscribers,
-        seen_leader: None,
+        leader_reported: false,
         failures: 0,
         quick_losses: 0,
         last_token: None,
@@ -445,8 +445,9 @@ struct Engine<B: Backend> {
     inbox: Inbox,
     status: watch::Sender<Status>,
     subscribers: Subscribers,
-    /// The leader last reported, to send `LeaderChanged` only on a change.
-    seen_leader: Option<Option<Leader>>,
+    /// Whether a leader (or none) was reported yet: later, `LeaderChanged` is sent only
+    /// when the status's leader changes.
+    leader_reported: bool,
     /// Consecutive failures, for the back-off.
     failures: u32,
     /// Consecutive terms that ended within a ttl of starting, for the cool-down: a worker
@@ -465,21 +466,21 @@ struct Engine<B: Backend> {
     presence: Option<Box<(String, Mutex<ContenderOf<B>>)>>,
     /// A leader whose value names this candidate as the target of a hand-over, to take the
     /// lock over from ([`Contender::take_over`]).
-    take_over_from: Option<Leader>,
+    take_over_from: Option<Box<Leader>>,
     /// The last such leader tried, so that a take-over the store refuses is not retried in
     /// a loop.
-    tried_take_over: Option<Leader>,
+    tried_take_over: Option<Box<Leader>>,
     /// The id of the last hand-over request read from the store, served once.
     handled_request: Option<String>,
     /// The target of a hand-over for which this candidate stepped out of the line (etcd,
     /// ZooKeeper): it comes back when the target (or anyone) leads, or the window ends.
-    stepped_aside_for: Option<(String, Instant)>,
+    stepped_aside_for: Option<Box<(String, Instant)>>,
     /// Requests for the lead this candidate made as a preferred candidate, since it last led:
     /// each doubles the settle time before the next.
     priority_requests: u32,
     /// The leader this candidate has followed without a break, and since when: a preferred
     /// candidate asks for the lead once it has for its settle time.
-    following: Option<(String, Instant)>,
+    following: Option<Box<(String, Instant)>>,
     /// The priority of the leader followed (0 when it has none).
     leader_priority: u32,
 }
@@ -915,7 +916,7 @@ impl<B: Backend> Engine<B> {
                 }
                 Pursuit::Yield => {
                     session = Some(current);
-                    let waited = match self.stepped_aside_for.take() {
+                    let waited = match self.stepped_aside_for.take().map(|aside| *aside) {
                         Some((to, until)) => self.wait_out_hand_over(&to, until).await,
                         None => {
                             let delay = self.inbox.yielding().unwrap_or_default();
@@ -1171,23 +1172,25 @@ impl<B: Backend> Engine<B> {
         let reservation = leader.handing_over();
         let heed = match &reservation {
             Some(h) if h.to == me => {
-                if style == HandOverStyle::Escrow && self.tried_take_over.as_ref() != Some(&leader)
+                if style == HandOverStyle::Escrow
+                    && self.tried_take_over.as_deref() != Some(&leader)
                 {
-                    self.take_over_from = Some(leader.clone());
+                    self.take_over_from = Some(Box::new(leader.clone()));
                     Heed::TakeOver
                 } else {
                     Heed::Follow
                 }
             }
             Some(h) if style == HandOverStyle::Line && leader.candidate.id != me => {
-                self.stepped_aside_for = Some((h.to.clone(), Instant::now() + h.window()));
+                self.stepped_aside_for =
+                    Some(Box::new((h.to.clone(), Instant::now() + h.window())));
                 Heed::StepAside
             }
             _ => Heed::Follow,
         };
         if reservation.is_none() && leader.candidate.id != me {
-            if self.following.as_ref().map(|(id, _)| id) != Some(&leader.candidate.id) {
-                self.following = Some((leader.candidate.id.clone(), Instant::now()));
+            if self.following.as_deref().map(|(id, _)| id) != Some(&leader.candidate.id) {
+                self.following = Some(Box::new((leader.candidate.id.clone(), Instant::now())));
             }
         } else {
             self.following = None;
@@ -1201,7 +1204,7 @@ impl<B: Backend> Engine<B> {
     /// request since it last led) after it began to follow a leader of lower priority.
     fn settled_at(&self) -> Option<Instant> {
         let priority = self.config.priority?;
-        let (_, since) = self.following.as_ref()?;
+        let (_, since) = self.following.as_deref()?;
         if self.leader_priority >= priority.level {
             return None;
         }
@@ -1212,7 +1215,7 @@ impl<B: Backend> Engine<B> {
     /// A preferred candidate asks the leader, through the store, to hand over to it.
     fn ask_for_lead(&mut self) {
         self.priority_requests = self.priority_requests.saturating_add(1);
-        if let Some((_, since)) = &mut self.following {
+        if let Some((_, since)) = self.following.as_deref_mut() {
             *since = Instant::now();
         }
         tracing::info!("a preferred candidate: asking the leader to hand over to it");
@@ -1814,7 +1817,7 @@ impl<B: Backend> Engine<B> {
         mut contender: Claim<B>,
         done: Option<oneshot::Sender<()>>,
     ) -> Pursuit<Claim<B>> {
-        match &self.stepped_aside_for {
+        match self.stepped_aside_for.as_deref() {
             Some((to, _)) => {
                 tracing::info!(to = %to, "a hand-over is under way: stepping out of the line")
             }
@@ -1823,7 +1826,7 @@ impl<B: Backend> Engine<B> {
         let _ = timeout(self.config.renew_deadline, contender.release()).await;
         self.drop_presence().await;
         // The status says so before the resign is answered: its caller reads it next.
-        let until = match &self.stepped_aside_for {
+        let until = match self.stepped_aside_for.as_deref() {
             Some((_, until)) => *until,
             None => Instant::now() + self.inbox.yielding().unwrap_or_default(),
         };
@@ -2015,14 +2018,14 @@ impl<B: Backend> Engine<B> {
                 self.leaderless.get_or_insert_with(Leaderless::seen);
             }
         }
-        if self.seen_leader.as_ref() == Some(&leader) {
+        if self.leader_reported && self.status.borrow().leader == leader {
             return;
         }
         tracing::info!(
             leader = leader.as_ref().map(|l| l.candidate.id.as_str()),
             "leader changed"
         );
-        self.seen_leader = Some(leader.clone());
+        self.leader_reported = true;
         self.status.send_modify(|s| s.leader = leader.clone());
         self.subscribers
             .send(&LeadershipEvent::LeaderChanged(leader.map(Arc::new)));
