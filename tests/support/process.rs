@@ -82,21 +82,28 @@ fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
     if inodes.is_empty() {
         return None;
     }
-    let mut owners = family(pid);
-    owners.extend(libc::pid_t::try_from(std::process::id()).ok());
-    let owned = owners.into_iter().any(|member| {
-        std::fs::read_dir(format!("/proc/{member}/fd"))
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-            .any(|link| {
-                inodes
-                    .iter()
-                    .any(|inode| link.to_str() == Some(&format!("socket:[{inode}]")))
-            })
-    });
-    Some(owned)
+    // The sockets a process holds; `None` when its descriptors cannot be read (another
+    // user's process, `/proc` mounted with `hidepid`).
+    let holds = |member: libc::pid_t| -> Option<bool> {
+        let fds = std::fs::read_dir(format!("/proc/{member}/fd")).ok()?;
+        Some(
+            fds.filter_map(Result::ok)
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .any(|link| {
+                    inodes
+                        .iter()
+                        .any(|inode| link.to_str() == Some(&format!("socket:[{inode}]")))
+                }),
+        )
+    };
+    if libc::pid_t::try_from(std::process::id()).is_ok_and(|me| holds(me) == Some(true)) {
+        return Some(true);
+    }
+    let seen: Vec<bool> = family(pid).into_iter().filter_map(holds).collect();
+    if seen.is_empty() {
+        return None;
+    }
+    Some(seen.contains(&true))
 }
 
 /// A running (or deliberately stopped) server process, killed on drop.
