@@ -769,6 +769,11 @@ impl<B: Backend> Coordinator<B> {
         // the holder of a shard.
         let mut own_status = self.status.subscribe();
         let mut held_due: Option<Instant> = None;
+        // What the last wake-up asks for: the map computed again (not after a change of
+        // this member's own terms, or a stopped shard's end: the map does not depend on
+        // them), and the shards led written even if the claims did not change.
+        let mut recompute = true;
+        let mut flush_held = false;
         loop {
             if registration.is_none() && Instant::now() >= retry_at {
                 match self.register().await {
@@ -777,6 +782,7 @@ impl<B: Backend> Coordinator<B> {
                         self.published = None;
                         self.set_problem(None);
                         registration = Some(r);
+                        recompute = true;
                     }
                     Err(e) => {
                         self.set_problem(Some(e.to_string()));
@@ -786,7 +792,13 @@ impl<B: Backend> Coordinator<B> {
                 }
             }
             const CLAIMS_PROBLEM: &str = "could not write this member's claims";
-            if let Err(e) = self.rebalance(registration.as_mut()).await {
+            let rebalanced = if recompute || flush_held {
+                self.rebalance(registration.as_mut(), flush_held).await
+            } else {
+                Ok(())
+            };
+            (recompute, flush_held) = (true, false);
+            if let Err(e) = rebalanced {
                 self.set_problem(Some(format!("{CLAIMS_PROBLEM}: {e}")));
                 // Written again after the back-off (the timer below), not only at the next
                 // change the slots show: the others map from these claims.
@@ -836,11 +848,15 @@ impl<B: Backend> Coordinator<B> {
                 () = sleep_until(retry_at), if !registered || self.published.is_none() => {}
                 Ok(()) = own_status.changed(), if held_due.is_none() => {
                     held_due = Some(Instant::now() + HELD_DEBOUNCE);
+                    recompute = false;
                 }
                 () = sleep_until(held_due.unwrap_or(retry_at)), if held_due.is_some() => {
                     held_due = None;
+                    flush_held = true;
                 }
-                Some(_) = self.stopping.join_next(), if !self.stopping.is_empty() => {}
+                Some(_) = self.stopping.join_next(), if !self.stopping.is_empty() => {
+                    recompute = false;
+                }
             }
         }
         // Leave: the shards first (their workers stop, their locks are released), then the slot.
@@ -931,8 +947,15 @@ impl<B: Backend> Coordinator<B> {
     }
 
     /// Computes the map from the view, and makes this process's part of it so: starts the
-    /// shards it gets, stops those it no longer has, and writes its claims.
-    async fn rebalance(&mut self, registration: Option<&mut Registration<B>>) -> Result<()> {
+    /// shards it gets, stops those it no longer has, and writes its claims when they change.
+    /// The shards it leads are written with them, and otherwise only when `flush_held` (at
+    /// most once per [`HELD_DEBOUNCE`]): every write makes every member compute the map
+    /// again, and a move changes the shards led once per shard.
+    async fn rebalance(
+        &mut self,
+        registration: Option<&mut Registration<B>>,
+        flush_held: bool,
+    ) -> Result<()> {
         let me = self.me().to_owned();
         let mine = registration.as_ref().map(|r| r.slot);
         let mut members = Vec::new();
@@ -1002,8 +1025,12 @@ impl<B: Backend> Coordinator<B> {
         });
         crate::metrics::shard_members(self.group(), members.len());
         let published = (target, self.status.borrow().owned());
+        let stale = match &self.published {
+            None => true,
+            Some((claims, held)) => *claims != published.0 || (flush_held && *held != published.1),
+        };
         if let Some(r) = registration
-            && self.published.as_ref() != Some(&published)
+            && stale
         {
             let leader = Leader {
                 candidate: self.candidate(&published.0, &published.1),
