@@ -260,7 +260,8 @@ pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
         let mut kept: Vec<u32> = (0..shards)
             .filter(|&k| best[k as usize] == Some(i))
             .collect();
-        kept.sort_by_key(|&k| std::cmp::Reverse(rank(i, k)));
+        // Each rank once (a lookup and a hash), not once per comparison.
+        kept.sort_by_cached_key(|&k| std::cmp::Reverse(rank(i, k)));
         for k in kept.into_iter().take(quota[i] as usize) {
             owner[k as usize] = Some(i);
             left[i] -= 1;
