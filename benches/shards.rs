@@ -356,6 +356,7 @@ impl Group for InProcess {
 }
 
 /// Members as processes: this program again, as `shards member URL ID SHARDS`.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 struct Processes {
     url: String,
     shards: u32,
