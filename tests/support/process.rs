@@ -47,9 +47,7 @@ impl Probe {
             Probe::Tcp { addr } => tokio::net::TcpStream::connect(addr).await.is_ok(),
         }
     }
-}
 
-impl Probe {
     /// The address probed.
     pub fn addr(&self) -> SocketAddr {
         match *self {
@@ -68,7 +66,8 @@ fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
     };
     let port = format!("{:04X}", addr.port());
     // Lines: `sl local_address rem_address st ... uid timeout inode`; state 0A is LISTEN.
-    let inodes: Vec<String> = std::fs::read_to_string(table)
+    // Kept as the links a descriptor of such a socket reads: `socket:[inode]`.
+    let sockets: Vec<String> = std::fs::read_to_string(table)
         .ok()?
         .lines()
         .skip(1)
@@ -76,10 +75,10 @@ fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let (_, local_port) = fields.get(1)?.rsplit_once(':')?;
             (local_port == port && *fields.get(3)? == "0A")
-                .then(|| fields.get(9).map(|s| (*s).to_owned()))?
+                .then(|| fields.get(9).map(|inode| format!("socket:[{inode}]")))?
         })
         .collect();
-    if inodes.is_empty() {
+    if sockets.is_empty() {
         return None;
     }
     // The sockets a process holds; `None` when its descriptors cannot be read (another
@@ -89,11 +88,7 @@ fn listener_owner(addr: SocketAddr, pid: u32) -> Option<bool> {
         Some(
             fds.filter_map(Result::ok)
                 .filter_map(|fd| std::fs::read_link(fd.path()).ok())
-                .any(|link| {
-                    inodes
-                        .iter()
-                        .any(|inode| link.to_str() == Some(&format!("socket:[{inode}]")))
-                }),
+                .any(|link| sockets.iter().any(|s| link.to_str() == Some(s.as_str()))),
         )
     };
     if libc::pid_t::try_from(std::process::id()).is_ok_and(|me| holds(me) == Some(true)) {
