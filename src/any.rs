@@ -219,6 +219,12 @@ macro_rules! any_backend {
                     $( $(#[$cfg])* AnyContender::$variant(c) => c.release().await, )*
                 }
             }
+
+            async fn leave(&mut self) -> Result<()> {
+                match self {
+                    $( $(#[$cfg])* AnyContender::$variant(c) => c.leave().await, )*
+                }
+            }
         }
 
         impl Observer for AnyObserver {

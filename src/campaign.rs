@@ -1595,8 +1595,14 @@ impl<B: Backend> Engine<B> {
         if let Some(transfer) = transfer {
             return Box::pin(self.pass_on(contender, transfer, leader, &mut health, &span)).await;
         }
+        let releasing = async {
+            match reason {
+                DemotionReason::Shutdown => contender.leave().await,
+                _ => contender.release().await,
+            }
+        };
         let released = matches!(
-            timeout(self.config.renew_deadline, contender.release()).await,
+            timeout(self.config.renew_deadline, releasing).await,
             Ok(Ok(()))
         );
         if !released {
@@ -1804,7 +1810,7 @@ impl<B: Backend> Engine<B> {
 
     /// Leaves the queue (or releases) and reports a stop.
     async fn withdraw(&mut self, mut contender: Claim<B>) -> Pursuit<Claim<B>> {
-        let _ = timeout(self.config.renew_deadline, contender.release()).await;
+        let _ = timeout(self.config.renew_deadline, contender.leave()).await;
         self.drop_presence().await;
         Pursuit::Stop
     }

@@ -503,6 +503,16 @@ pub trait Contender: Send + 'static {
 
     /// Gives up the lock, or leaves the queue.
     fn release(&mut self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives up the lock, or leaves the queue, for good: the campaign shuts down, and closes
+    /// the session it made this contender on right after. A backend whose session ends in
+    /// the store with the claims on it may let one end of the session stand for many
+    /// releases when every user of a shared session is leaving at once (etcd: one revoke of
+    /// the lease instead of a delete per election). The default is
+    /// [`release`](Contender::release).
+    fn leave(&mut self) -> impl Future<Output = Result<()>> + Send {
+        self.release()
+    }
 }
 
 /// Follows the holder of one election.

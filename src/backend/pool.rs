@@ -27,6 +27,12 @@ pub trait Poolable: Send + Sync + 'static {
 
     /// The session's health; a lost session is not shared any more.
     fn health(&self) -> tokio::sync::watch::Receiver<SessionHealth>;
+    /// Counts one more handle on the session, if it may still be joined beyond its health
+    /// (`false`: it is being ended for its handles; lost sessions are never joined either).
+    /// Called for every handle the pool hands out, a fresh session's first included.
+    fn try_join(&self) -> bool {
+        true
+    }
     /// Ends the session in the store. Called once, when its last handle leaves.
     fn destroy(&self) -> impl Future<Output = Result<()>> + Send;
 }
@@ -88,6 +94,7 @@ impl<T: Poolable> SessionPool<T> {
                 && let Some(session) = entry.session.upgrade()
                 && session.health().borrow().lost.is_none()
                 && let Some(user) = entry.users.upgrade()
+                && session.try_join()
             {
                 return Ok(Shared {
                     session,
@@ -96,6 +103,8 @@ impl<T: Poolable> SessionPool<T> {
             }
         }
         let session = Arc::new(open().await?);
+        // A fresh session is always joinable: counted like the others.
+        let _ = session.try_join();
         let user = Arc::new(());
         // Replaces a lost session, if any: its users keep their handle and close it themselves.
         self.live().insert(
@@ -130,6 +139,12 @@ impl<T: Poolable> SessionPool<T> {
 impl<T: Poolable> Shared<T> {
     /// Leaves the session; the last handle to leave destroys it in the store.
     pub async fn close(mut self) -> Result<()> {
+        self.close_in_place().await
+    }
+
+    /// [`close`](Self::close), for an owner that cannot give the handle away (it has a
+    /// `Drop` of its own): the handle is closed after, and its drop does nothing more.
+    pub async fn close_in_place(&mut self) -> Result<()> {
         match self.user.take().and_then(Arc::into_inner) {
             Some(()) => self.session.destroy().await,
             None => Ok(()),

@@ -59,9 +59,16 @@ struct Pending {
     /// a batch, since every write of a batch lands at one revision, and two keys of one
     /// election created at one revision would tie for the lead (and for the token).
     writes_in: String,
+    /// The lease whose revoke makes this transaction needless (a leaving contender's delete
+    /// of its key: [`Lease::leaving`](super::lease::Lease::leaving)), if any.
+    needless_after: Option<i64>,
     txn: Txn,
     done: oneshot::Sender<Answer>,
 }
+
+/// Transactions taken out of the queue while a revoke that makes them needless is on its
+/// way: dropped (unanswered) if it succeeds, put back in line if it fails.
+pub(super) struct Held(VecDeque<Pending>);
 
 /// At most this many transactions in flight in batches, counted one by one (a batch of 64
 /// counts 64): eight full batches. Bounded because, with up to 4,096 in flight (and each
@@ -103,6 +110,34 @@ impl Batch {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Takes the queued transactions that a revoke of `lease` makes needless out of the
+    /// queue, in order.
+    pub(super) fn hold(&self, lease: i64) -> Held {
+        let mut queue = self.lock();
+        let (held, kept) = std::mem::take(&mut queue.pending)
+            .into_iter()
+            .partition(|p| p.needless_after == Some(lease));
+        queue.pending = kept;
+        Held(held)
+    }
+
+    /// Puts `held` back at the front of the line (the revoke failed), and starts a sender if
+    /// none runs.
+    pub(super) fn put_back(&self, backend: &EtcdBackend, held: Held) {
+        if self.restore(held) {
+            tokio::spawn(sender(backend.clone()));
+        }
+    }
+
+    /// Puts `held` back at the front of the line; whether a sender must be started.
+    fn restore(&self, held: Held) -> bool {
+        let mut queue = self.lock();
+        for pending in held.0.into_iter().rev() {
+            queue.pending.push_front(pending);
+        }
+        !queue.pending.is_empty() && !std::mem::replace(&mut queue.sending, true)
+    }
+
     /// The next batch: up to [`MAX_BATCH`] transactions from the front of the queue, in
     /// order, with at most one per election (the others stay at the front for the next).
     /// Looks at no more than `2 · MAX_BATCH` of the queue.
@@ -137,13 +172,19 @@ impl Batch {
 
 /// Runs `txn`, a write in the election range `writes_in`, alone or with the others waiting
 /// for a slot. Timed from its send (see [`Failure::NoAnswer`]).
-pub(super) async fn txn(backend: &EtcdBackend, writes_in: &str, txn: Txn) -> Answer {
+pub(super) async fn txn(
+    backend: &EtcdBackend,
+    writes_in: &str,
+    needless_after: Option<i64>,
+    txn: Txn,
+) -> Answer {
     let batch = &backend.inner.batch;
     let (done, answer) = oneshot::channel();
     let start_sender = {
         let mut queue = batch.lock();
         queue.pending.push_back(Pending {
             writes_in: writes_in.to_owned(),
+            needless_after,
             txn,
             done,
         });
@@ -259,9 +300,18 @@ mod tests {
     use super::*;
 
     fn pending(batch: &Batch, writes_in: &str) -> oneshot::Receiver<Answer> {
+        needless_after(batch, writes_in, None)
+    }
+
+    fn needless_after(
+        batch: &Batch,
+        writes_in: &str,
+        lease: Option<i64>,
+    ) -> oneshot::Receiver<Answer> {
         let (done, answer) = oneshot::channel();
         batch.lock().pending.push_back(Pending {
             writes_in: writes_in.to_owned(),
+            needless_after: lease,
             txn: Txn::new(),
             done,
         });
@@ -296,6 +346,31 @@ mod tests {
         assert_eq!(batch.take().len(), MAX_BATCH);
         assert_eq!(batch.take().len(), 3);
         drop(answers);
+    }
+
+    #[test]
+    fn a_revoke_holds_the_deletes_it_makes_needless_and_a_failed_one_puts_them_back() {
+        let batch = Batch::default();
+        let _answers = [
+            needless_after(&batch, "e1@", Some(7)),
+            pending(&batch, "e2@"),
+            needless_after(&batch, "e3@", Some(7)),
+            needless_after(&batch, "e4@", Some(8)),
+        ];
+        let mut held = batch.hold(7);
+        assert_eq!(ranges(held.0.make_contiguous()), ["e1@", "e3@"]);
+        assert_eq!(
+            ranges(batch.lock().pending.make_contiguous()),
+            ["e2@", "e4@"]
+        );
+        // The revoke failed: back at the front, in their order, and a sender is needed.
+        assert!(batch.restore(held));
+        assert_eq!(
+            ranges(batch.lock().pending.make_contiguous()),
+            ["e1@", "e3@", "e2@", "e4@"]
+        );
+        // A sender runs now: a second restore does not start another.
+        assert!(!batch.restore(Held(VecDeque::new())));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use etcd_client::{
     TxnOpResponse, TxnResponse,
 };
 
-use super::lease::{Lease, free_key};
+use super::batch;
+use super::lease::{Lease, Revoke, free_key};
 use super::watch::{Follow, Interest, Seen, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
@@ -40,6 +41,8 @@ const LEASE_CHECKS: usize = 3;
 pub struct EtcdContender {
     backend: EtcdBackend,
     lease: Arc<Lease>,
+    /// The id of its session handle in the lease's leavers ([`Lease::leaving`]).
+    handle: u64,
     /// `<prefix><election>@`.
     range: String,
     key: String,
@@ -110,11 +113,13 @@ impl EtcdContender {
         election: &str,
         key: String,
         candidate: Candidate,
+        handle: u64,
     ) -> Self {
         let range = backend.election_range(election);
         EtcdContender {
             backend,
             lease,
+            handle,
             range,
             key,
             candidate,
@@ -150,10 +155,70 @@ impl EtcdContender {
         PutOptions::new().with_lease(self.lease.id)
     }
 
+    /// [`release`](Contender::release), or with `leaving` [`leave`](Contender::leave).
+    async fn give_up(&mut self, leaving: bool) -> Result<()> {
+        self.follow = None;
+        self.leave_the_line();
+        // A write sent whose answer never came (the acquire was cancelled, e.g. a campaign
+        // shut down as it began) may have made the key: delete it too, or it would stay in
+        // the line, held by nobody's campaign, for as long as the lease lives.
+        let nothing_written = self.created.is_none() && !self.wrote;
+        if !nothing_written {
+            // Delete after that write's answer, not before it: etcd serves a client's
+            // requests concurrently, and a write still on its way could land after the delete.
+            self.writing.settle().await;
+        }
+        if leaving {
+            // After the write settled: a revoke for the leavers deletes every key of the lease.
+            self.lease.leaving(self.handle);
+        }
+        if nothing_written {
+            return Ok(());
+        }
+        let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
+        if leaving {
+            self.delete_unless_revoked(delete).await?;
+        } else {
+            self.backend
+                .batched("deleting the candidate key", &self.range, delete)
+                .await?;
+        }
+        self.forget();
+        Ok(())
+    }
+
+    /// A leaver's delete of its key: none once a revoke of the lease for its leavers deleted
+    /// every key of it ([`Lease::leaving`]). While one is on its way the delete waits for it,
+    /// and a delete already queued is held (then dropped) by it: sent only if it fails.
+    async fn delete_unless_revoked(&self, delete: Txn) -> Result<()> {
+        let mut revoke = self.lease.revoke.subscribe();
+        let revoked = revoke
+            .wait_for(|r| *r != Revoke::Started)
+            .await
+            .is_ok_and(|r| *r == Revoke::Done);
+        if revoked {
+            return Ok(());
+        }
+        let deleting = batch::txn(&self.backend, &self.range, Some(self.lease.id), delete);
+        tokio::select! {
+            biased;
+            Ok(_) = revoke.wait_for(|r| *r == Revoke::Done) => Ok(()),
+            answer = deleting => self
+                .backend
+                .answer("deleting the candidate key", answer)
+                .map(drop),
+        }
+    }
+
     /// Forgets our key (it vanished, or we released it) and whom we waited for.
     fn forget(&mut self) {
         self.created = None;
         self.since = None;
+        self.leave_the_line();
+    }
+
+    /// Forgets where we stood in the line: whom we waited for, and whether we won.
+    fn leave_the_line(&mut self) {
         self.won = false;
         self.waiting = None;
         self.requests = None;
@@ -206,7 +271,7 @@ impl EtcdContender {
         let response = self
             .writing
             .run(async move {
-                match super::batch::txn(&backend, &range, txn).await {
+                match super::batch::txn(&backend, &range, None, txn).await {
                     Err(super::batch::Failure::Etcd(e)) if error::is_lease_not_found(&e) => {
                         Ok(None)
                     }
@@ -709,27 +774,14 @@ impl Contender for EtcdContender {
     }
 
     async fn release(&mut self) -> Result<()> {
-        self.waiting = None;
-        self.follow = None;
-        self.requests = None;
-        self.won = false;
-        self.promoted = None;
-        self.noticed = None;
-        // A write sent whose answer never came (the acquire was cancelled, e.g. a campaign
-        // shut down as it began) may have made the key: delete it too, or it would stay in
-        // the line, held by nobody's campaign, for as long as the lease lives.
-        if self.created.is_none() && !self.wrote {
-            return Ok(());
-        }
-        // Delete after that write's answer, not before it: etcd serves a client's requests
-        // concurrently, and a write still on its way could land after the delete.
-        self.writing.settle().await;
-        let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
-        self.backend
-            .batched("deleting the candidate key", &self.range, delete)
-            .await?;
-        self.forget();
-        Ok(())
+        self.give_up(false).await
+    }
+
+    /// Marks this contender's session handle as leaving, then deletes the key as `release`
+    /// does, unless every handle of the lease is leaving meanwhile and one revoke of the
+    /// lease deleted all their keys ([`Lease::leaving`]).
+    async fn leave(&mut self) -> Result<()> {
+        self.give_up(true).await
     }
 }
 

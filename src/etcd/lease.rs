@@ -28,9 +28,115 @@ pub(super) struct Lease {
     /// The candidate keys claimed by contenders of this lease, so that two campaigns for the
     /// same election sharing the lease still get a key each.
     pub keys: Mutex<HashSet<String>>,
+    /// Who holds the lease, and who of them is leaving: see [`Lease::leaving`].
+    pub leavers: Mutex<Leavers>,
+    /// Where a revoke of the lease for its leavers is.
+    pub revoke: watch::Sender<Revoke>,
+}
+
+/// A revoke of the lease for its leavers ([`Lease::leaving`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Revoke {
+    /// None (or one failed): each leaver deletes its key.
+    No,
+    /// On its way: the leavers' deletes wait for it.
+    Started,
+    /// Done: every key of the lease is gone.
+    Done,
+}
+
+/// The lease's handles ([`EtcdSession`](super::EtcdSession)s) and which of them are
+/// leaving: their campaign shuts down, releases its claim and closes the handle next.
+#[derive(Debug, Default)]
+pub(super) struct Leavers {
+    handles: usize,
+    /// The ids ([`Lease::handle_id`]) of the leaving handles: only while a shutdown is under
+    /// way, so an idle lease holds none.
+    leaving: HashSet<u64>,
+    /// A revoke for the leavers was started: the lease is not shared any more.
+    revoking: bool,
+    /// The next handle's id.
+    next_id: u64,
 }
 
 impl Lease {
+    /// Counts one more handle, unless the lease is being revoked for its leavers.
+    pub fn try_join(&self) -> bool {
+        let mut leavers = lock(&self.leavers);
+        if leavers.revoking {
+            return false;
+        }
+        leavers.handles += 1;
+        true
+    }
+
+    /// An id for a handle that joined, which its contenders quote to [`leaving`](Self::leaving).
+    pub fn handle_id(&self) -> u64 {
+        let mut leavers = lock(&self.leavers);
+        leavers.next_id += 1;
+        leavers.next_id
+    }
+
+    /// The handle `id` left the lease (closed or dropped).
+    pub fn parted(self: &Arc<Self>, id: u64) {
+        let revoke = {
+            let mut leavers = lock(&self.leavers);
+            leavers.handles = leavers.handles.saturating_sub(1);
+            leavers.leaving.remove(&id);
+            leavers.revoke_now()
+        };
+        if revoke {
+            self.revoke_for_leavers();
+        }
+    }
+
+    /// The handle `id` is leaving for good: its campaign shuts down, and releases its claim
+    /// and closes the handle next. Once every handle of the lease is leaving (thousands of
+    /// campaigns shutting down at once), one revoke of the lease deletes all their keys, as
+    /// etcd's own `Session.Close` does, instead of a delete each (its [`revoke`](Self::revoke)
+    /// state tells the contenders still waiting on theirs). A lease with one handle that is
+    /// not leaving is never revoked here: its keys stay.
+    pub fn leaving(self: &Arc<Self>, id: u64) {
+        let revoke = {
+            let mut leavers = lock(&self.leavers);
+            leavers.leaving.insert(id);
+            leavers.revoke_now()
+        };
+        if revoke {
+            self.revoke_for_leavers();
+        }
+    }
+
+    /// Revokes the lease in a task of its own, for the leavers (see [`leaving`](Self::leaving)),
+    /// holding their queued deletes meanwhile. Those are dropped if it succeeds; if it fails,
+    /// they go back in line, and the last handle's close revokes the lease as always.
+    /// Called with `revoking` just set.
+    fn revoke_for_leavers(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.revoke.send_replace(Revoke::Started);
+        let lease = self.clone();
+        runtime.spawn(async move {
+            let backend = &lease.backend;
+            let held = backend.inner.batch.hold(lease.id);
+            backend.abandon(lease.id);
+            match super::session::revoke(backend, lease.id).await {
+                Ok(()) => {
+                    lease.keepalive.stop();
+                    lease.revoke.send_replace(Revoke::Done);
+                    drop(held);
+                    tracing::debug!(lease = %format_args!("{:x}", lease.id), "every handle of the lease was leaving: revoked it, deleting their keys at once");
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "could not revoke the lease for its leavers; they delete their keys one by one");
+                    backend.inner.batch.put_back(backend, held);
+                    lease.revoke.send_replace(Revoke::No);
+                }
+            }
+        });
+    }
+
     pub fn health(&self) -> watch::Receiver<SessionHealth> {
         self.health.clone()
     }
@@ -49,6 +155,16 @@ impl Lease {
             tracing::debug!(lease = %format_args!("{:x}", self.id), "etcd does not know the lease any more; the session is lost");
         }
         self.keepalive.stop();
+    }
+}
+
+impl Leavers {
+    /// Whether every handle is leaving now, and nobody started the revoke yet (then this
+    /// caller does).
+    fn revoke_now(&mut self) -> bool {
+        let now = self.handles > 0 && self.leaving.len() == self.handles && !self.revoking;
+        self.revoking |= now;
+        now
     }
 }
 

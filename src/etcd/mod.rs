@@ -34,7 +34,12 @@
 //!   the election's ttl (rounded up to whole seconds) and keeps it alive with the crate's one
 //!   keep-alive loop, one keep-alive message per renew interval. Elections on the same
 //!   [`EtcdBackend`] with equal session settings share one lease; it is revoked when the last
-//!   of them closes its session, which deletes all their keys at once.
+//!   of them closes its session, which deletes all their keys at once. When every election on
+//!   a lease shuts down together (a process stopping), the lease is revoked as soon as the
+//!   last of them starts its release, instead of a delete per key: the deletes still queued
+//!   are dropped, and etcd deletes the rest in one revision, as its own `Session.Close`
+//!   does. A lease with one election (or any other user) that is not shutting down is never
+//!   revoked for the others; if the revoke fails, each deletes its own key as usual.
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in
@@ -346,7 +351,7 @@ impl EtcdBackend {
     /// for a slot ([`batch`]), bounded by the request timeout once sent; with the revision it
     /// was applied at.
     async fn batched(&self, what: &str, writes_in: &str, txn: Txn) -> Result<(TxnResponse, i64)> {
-        self.answer(what, batch::txn(self, writes_in, txn).await)
+        self.answer(what, batch::txn(self, writes_in, None, txn).await)
     }
 
     /// A batched transaction's answer, its failure as an error that says what failed.

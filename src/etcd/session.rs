@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::contender::EtcdContender;
-use super::lease::Lease;
+use super::lease::{Lease, Revoke};
 use super::{EtcdBackend, NAME, SEPARATOR, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
@@ -61,7 +61,7 @@ const REVOKE_PATIENCE_TTLS: u32 = 10;
 const REVOKE_PATIENCE_MIN: Duration = Duration::from_secs(60);
 
 /// One revoke; a lease etcd does not know is revoked already.
-async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
+pub(super) async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
     backend
         .request("revoking the lease (it expires by itself)", || async {
             match backend.lease_client().revoke(id).await {
@@ -121,6 +121,10 @@ impl Poolable for Lease {
         Lease::health(self)
     }
 
+    fn try_join(&self) -> bool {
+        Lease::try_join(self)
+    }
+
     /// Stops the keep-alive and revokes the lease; a lease that is already gone is fine. The
     /// lease is remembered as abandoned first, so that no contender of this backend queues
     /// behind a key of it (see [`EtcdContender`]). A revoke that fails because etcd cannot
@@ -128,6 +132,10 @@ impl Poolable for Lease {
     async fn destroy(&self) -> Result<()> {
         self.keepalive.stop();
         self.backend.abandon(self.id);
+        if *self.revoke.borrow() == Revoke::Done {
+            // Revoked already, for its leavers.
+            return Ok(());
+        }
         match revoke(&self.backend, self.id).await {
             Err(error) if error.is_transient() => {
                 revoke_in_background(self.backend.clone(), self.id, self.ttl);
@@ -143,6 +151,23 @@ impl Poolable for Lease {
 /// deletes every key bound to it.
 pub struct EtcdSession {
     lease: Shared<Lease>,
+    /// This handle's id in the lease's leavers (from 1; 0 once it parted).
+    id: u64,
+}
+
+impl EtcdSession {
+    /// Gives this handle's count in the lease's leavers back, once.
+    fn part(&mut self) {
+        if self.id != 0 {
+            self.lease.session().parted(std::mem::take(&mut self.id));
+        }
+    }
+}
+
+impl Drop for EtcdSession {
+    fn drop(&mut self) {
+        self.part();
+    }
 }
 
 impl std::fmt::Debug for EtcdSession {
@@ -160,7 +185,8 @@ pub(super) async fn open(backend: &EtcdBackend, options: &SessionOptions) -> Res
         .leases
         .join(options, || grant(backend, options))
         .await?;
-    Ok(EtcdSession { lease })
+    let id = lease.handle_id();
+    Ok(EtcdSession { lease, id })
 }
 
 /// Grants a lease with the options' ttl and starts keeping it alive.
@@ -199,6 +225,8 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
         health,
         health_tx,
         keys: Mutex::new(HashSet::new()),
+        leavers: Mutex::default(),
+        revoke: watch::Sender::new(Revoke::No),
     })
 }
 
@@ -303,10 +331,12 @@ impl Session for EtcdSession {
             election,
             key,
             candidate.clone(),
+            self.id,
         ))
     }
 
-    async fn close(self) -> Result<()> {
-        self.lease.close().await
+    async fn close(mut self) -> Result<()> {
+        self.part();
+        self.lease.close_in_place().await
     }
 }

@@ -497,21 +497,183 @@ async fn elections_on_one_backend_share_one_lease() {
     );
 
     jobs.shutdown().await.expect("shutdown");
-    assert_eq!(client.leases().await.expect("lease list").leases().len(), 1);
+    assert_eq!(lease_count(&mut client).await, 1);
     assert!(
         index.status().borrow().is_leader(),
         "the other election still leads"
     );
     index.shutdown().await.expect("shutdown");
-    assert!(
-        client
-            .leases()
-            .await
-            .expect("lease list")
-            .leases()
-            .is_empty(),
+    assert_eq!(
+        lease_count(&mut client).await,
+        0,
         "the last session's close revokes the lease"
     );
+}
+
+/// `count` elections on one backend (so one lease), all led.
+async fn leading_on_one_lease(backend: &EtcdBackend, name: &str, count: usize) -> Vec<Campaign> {
+    let campaigns: Vec<Campaign> = (0..count)
+        .map(|i| {
+            election(
+                backend,
+                &format!("{name}/{i}"),
+                "host-a",
+                Duration::from_secs(4),
+            )
+            .campaign()
+        })
+        .collect();
+    let until = Instant::now() + PATIENCE;
+    while !campaigns.iter().all(|c| c.status().borrow().is_leader()) {
+        assert!(Instant::now() < until, "{count} elections did not all lead");
+        sleep(Duration::from_millis(20)).await;
+    }
+    campaigns
+}
+
+/// Shuts every campaign down at once, and returns when all are done. Each reaches its
+/// release while `proxy` lets nothing pass: the first deletes take every request slot of the
+/// backend, and the others queue.
+async fn shut_down_all_at_once(proxy: &Proxy, campaigns: Vec<Campaign>) {
+    proxy.blackhole(true);
+    let mut stopping = tokio::task::JoinSet::new();
+    for campaign in campaigns {
+        stopping.spawn(campaign.shutdown());
+    }
+    sleep(Duration::from_millis(500)).await;
+    proxy.blackhole(false);
+    let stopped = timeout(PATIENCE, stopping.join_all())
+        .await
+        .expect("every campaign shuts down");
+    assert!(stopped.iter().all(Result::is_ok), "{stopped:?}");
+}
+
+/// How many leases etcd holds.
+async fn lease_count(client: &mut Client) -> usize {
+    client.leases().await.expect("lease list").leases().len()
+}
+
+/// The keys left under the backend's prefix.
+async fn keys_left(client: &mut Client, backend: &EtcdBackend) -> Vec<String> {
+    let left = client
+        .get(backend.prefix(), Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read the prefix");
+    left.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+/// Watches every key under the backend's prefix from the current revision on; `deletes`
+/// then gathers the revisions of `count` deletes.
+struct Deletes {
+    stream: etcd_client::WatchStream,
+}
+
+impl Deletes {
+    async fn watch(client: &mut Client, backend: &EtcdBackend) -> Deletes {
+        let now = client
+            .get("incumbent-none", None)
+            .await
+            .expect("read the revision")
+            .header()
+            .expect("a header")
+            .revision();
+        let options = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(now + 1);
+        let stream = client
+            .watch(backend.prefix(), Some(options))
+            .await
+            .expect("watch the prefix");
+        Deletes { stream }
+    }
+
+    /// How many keys each revision deleted, once `count` are gone.
+    async fn by_revision(&mut self, count: usize) -> std::collections::BTreeMap<i64, usize> {
+        let mut revisions = std::collections::BTreeMap::new();
+        let mut seen = 0;
+        while seen < count {
+            let message = timeout(PATIENCE, self.stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("only {seen} of {count} keys were deleted"))
+                .expect("the watch")
+                .expect("the watch goes on");
+            for event in message.events() {
+                if event.event_type() == etcd_client::EventType::Delete {
+                    let revision = event.kv().expect("a deleted key").mod_revision();
+                    *revisions.entry(revision).or_insert(0) += 1;
+                    seen += 1;
+                }
+            }
+        }
+        revisions
+    }
+}
+
+/// The largest batch of deletes the group commit sends: a revision that deletes more keys
+/// than this was a revoke of their lease.
+const MAX_BATCH: usize = 64;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_each_key() {
+    const COUNT: usize = 300;
+    let etcd = EtcdServer::single().await;
+    let proxy = Proxy::start(etcd.client_addr());
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let campaigns = leading_on_one_lease(&backend, "mass", COUNT).await;
+    assert_eq!(lease_count(&mut client).await, 1);
+    let mut deletes = Deletes::watch(&mut client, &backend).await;
+
+    shut_down_all_at_once(&proxy, campaigns).await;
+
+    let revisions = deletes.by_revision(COUNT).await;
+    let largest = revisions.values().copied().max().unwrap_or(0);
+    assert!(
+        largest > MAX_BATCH,
+        "one revision deleted {largest} keys, no more than a batch of deletes: no revoke \
+         ({revisions:?})"
+    );
+    assert_eq!(lease_count(&mut client).await, 0, "the lease is revoked");
+    assert_eq!(
+        keys_left(&mut client, &backend).await,
+        [""; 0],
+        "no key is left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_of_all_but_one_election_on_a_lease_keeps_the_lease_and_its_key() {
+    const COUNT: usize = 100;
+    let etcd = EtcdServer::single().await;
+    let proxy = Proxy::start(etcd.client_addr());
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let mut campaigns = leading_on_one_lease(&backend, "most", COUNT + 1).await;
+    let staying = campaigns.pop().expect("one more");
+    let mut deletes = Deletes::watch(&mut client, &backend).await;
+
+    shut_down_all_at_once(&proxy, campaigns).await;
+    let revisions = deletes.by_revision(COUNT).await;
+
+    assert!(
+        staying.status().borrow().is_leader(),
+        "the election that did not shut down still leads"
+    );
+    let leases = client.leases().await.expect("lease list");
+    assert_eq!(leases.leases().len(), 1, "its lease lives on");
+    assert_eq!(
+        keys_left(&mut client, &backend).await,
+        [format!(
+            "incumbent/most/{COUNT}@{:x}",
+            leases.leases()[0].id()
+        )],
+        "only its key is left ({revisions:?})"
+    );
+    staying.shutdown().await.expect("shutdown");
+    assert_eq!(lease_count(&mut client).await, 0);
 }
 
 /// etcd's own count of watch streams and watchers, from its `/metrics`.
