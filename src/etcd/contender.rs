@@ -779,7 +779,7 @@ impl Contender for EtcdContender {
 
     /// Marks this contender's session handle as leaving, then deletes the key as `release`
     /// does, unless every handle of the lease is leaving meanwhile and one revoke of the
-    /// lease deleted all their keys ([`Lease::leaving`]).
+    /// lease deleted all their keys (a mass shutdown: see the [module](super) docs).
     async fn leave(&mut self) -> Result<()> {
         self.give_up(true).await
     }

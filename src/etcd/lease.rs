@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::EtcdBackend;
+use super::{EtcdBackend, error};
+use crate::Result;
 use crate::backend::keepalive::KeepAlive;
 use crate::backend::lock;
 use crate::backend::{SessionHealth, SessionLoss};
@@ -121,7 +122,7 @@ impl Lease {
             let backend = &lease.backend;
             let held = backend.inner.batch.hold(lease.id);
             backend.abandon(lease.id);
-            match super::session::revoke(backend, lease.id).await {
+            match revoke(backend, lease.id).await {
                 Ok(()) => {
                     lease.keepalive.stop();
                     lease.revoke.send_replace(Revoke::Done);
@@ -166,6 +167,18 @@ impl Leavers {
         self.revoking |= now;
         now
     }
+}
+
+/// One revoke; a lease etcd does not know is revoked already.
+pub(super) async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
+    backend
+        .request("revoking the lease (it expires by itself)", || async {
+            match backend.lease_client().revoke(id).await {
+                Err(e) if error::is_lease_not_found(&e) => Ok(()),
+                other => other.map(drop),
+            }
+        })
+        .await
 }
 
 /// Gives a contender's key back to its lease when the contender is dropped.

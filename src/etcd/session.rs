@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::contender::EtcdContender;
-use super::lease::{Lease, Revoke};
+use super::lease::{Lease, Revoke, revoke};
 use super::{EtcdBackend, NAME, SEPARATOR, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
@@ -59,18 +59,6 @@ const REVOKE_RETRY_MAX: Duration = Duration::from_secs(1);
 /// after which etcd extends every lease by its ttl.
 const REVOKE_PATIENCE_TTLS: u32 = 10;
 const REVOKE_PATIENCE_MIN: Duration = Duration::from_secs(60);
-
-/// One revoke; a lease etcd does not know is revoked already.
-pub(super) async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
-    backend
-        .request("revoking the lease (it expires by itself)", || async {
-            match backend.lease_client().revoke(id).await {
-                Err(e) if error::is_lease_not_found(&e) => Ok(()),
-                other => other.map(drop),
-            }
-        })
-        .await
-}
 
 /// Retries a revoke that failed because etcd could not be reached, in a background task:
 /// with jittered back-off, until etcd revokes the lease or says it is gone, an error other
