@@ -219,6 +219,13 @@ impl CampaignHandle {
         }
     }
 
+    /// Hands each of the campaign's events to `sink` from now on, at once, in the campaign's
+    /// task: what a subscriber would read, without a queue or a task to read it. `sink` must
+    /// not block (it hands the event on, to a channel say).
+    pub(crate) fn pass_events_to(&self, sink: Box<dyn Fn(&LeadershipEvent) + Send + Sync>) {
+        self.shared.subscribers.add_sink(sink);
+    }
+
     /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
     /// releases the lock, then campaigns again after the back-off, which gives the other
     /// candidates the lock first (on the stores that do not queue their candidates, the

@@ -349,7 +349,17 @@ impl<B: Backend> Election<B> {
     /// Starts campaigning, and returns the running [`Campaign`]. Must be called from within
     /// a tokio runtime. Each call starts an independent campaign (with its own session).
     pub fn campaign(&self) -> Campaign {
+        self.campaign_with(|_| {})
+    }
+
+    /// [`campaign`](Self::campaign), with `before_start` called on the campaign's handle
+    /// before it starts (to pass its events on from the first, say).
+    pub(crate) fn campaign_with(
+        &self,
+        before_start: impl FnOnce(&campaign::CampaignHandle),
+    ) -> Campaign {
         campaign::spawn(self.backend.clone(), self.config.clone(), |handle| {
+            before_start(handle);
             if !self.callbacks.is_empty() {
                 let callbacks = self.callbacks.clone();
                 let mut events = handle.subscribe();

@@ -68,7 +68,6 @@ use crate::backend::{
     Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionHealth, unix_ms_now,
 };
 use crate::backoff::Backoff;
-use crate::campaign::Events;
 use crate::config::{Config, validate_name};
 use crate::election::{Election, ElectionBuilder};
 use crate::event::{DemotionReason, LeadershipEvent};
@@ -570,6 +569,14 @@ impl<B: Backend> ShardedElection<B> {
         });
         let subscribers = Subscribers::new(crate::EVENT_QUEUE_CAPACITY);
         let (stop, stopped) = oneshot::channel();
+        let status_tx = Arc::new(status_tx);
+        let (terms, shard_events) = mpsc::unbounded_channel();
+        let forwarding = tokio::spawn(forward(
+            shard_events,
+            status_tx.clone(),
+            subscribers.clone(),
+            config.name.clone(),
+        ));
         let coordinator = Coordinator {
             template: self.template.clone(),
             shards: self.shards,
@@ -579,9 +586,11 @@ impl<B: Backend> ShardedElection<B> {
                 let work = worker(k, term);
                 Box::pin(async move { work.await.into_result() }) as WorkerFuture
             }),
-            status: Arc::new(status_tx),
+            status: status_tx,
             subscribers: subscribers.clone(),
             running: BTreeMap::new(),
+            terms,
+            forwarding: Some(forwarding),
             stopping: JoinSet::new(),
             view: BTreeMap::new(),
             published: None,
@@ -726,6 +735,10 @@ struct Coordinator<B: Backend> {
     status: Arc<watch::Sender<ShardStatus>>,
     subscribers: Subscribers,
     running: BTreeMap<u32, Runner>,
+    /// To the member's forwarding task ([`forward`]): each shard's term changes.
+    terms: mpsc::UnboundedSender<(u32, LeadershipEvent)>,
+    /// That task, awaited at the end, once every shard stopped.
+    forwarding: Option<tokio::task::JoinHandle<()>>,
     stopping: JoinSet<()>,
     /// What each slot's observer last said.
     view: BTreeMap<u32, Leader>,
@@ -873,6 +886,11 @@ impl<B: Backend> Coordinator<B> {
             let _ = r.session.close().await;
         }
         observers.abort_all();
+        // Every shard stopped: the forwarding task passes on what they said last, and ends.
+        self.terms = mpsc::unbounded_channel().0;
+        if let Some(forwarding) = self.forwarding.take() {
+            let _ = forwarding.await;
+        }
         self.status.send_modify(|s| {
             s.registered = false;
             s.assigned.clear();
@@ -1046,37 +1064,35 @@ impl<B: Backend> Coordinator<B> {
 
     fn start_shard(&self, shard: u32) -> Runner {
         let election = self.template.renamed(shard_name(self.group(), shard));
-        let campaign = election.campaign();
-        let events = campaign.handle().subscribe();
         let worker = self.worker.clone();
-        let runner = Runner::start(
+        let terms = self.terms.clone();
+        // Its term changes go to the member's one forwarding task, as the campaign sends
+        // them: no task and no event queue per shard.
+        let campaign = election.campaign_with(|handle| {
+            handle.pass_events_to(Box::new(move |event| {
+                let _ = terms.send((shard, event.clone()));
+            }));
+        });
+        Runner::start(
             campaign,
             move |term| worker(shard, term),
             runner::Policy {
                 grace: election.config().grace,
                 on_worker_exit: election.on_worker_exit(),
             },
-        );
-        tokio::spawn(forward(
-            shard,
-            events,
-            self.status.clone(),
-            self.subscribers.clone(),
-            self.group().to_owned(),
-        ));
-        runner
+        )
     }
 }
 
-/// Passes one shard's term changes on to the status and the subscribers.
+/// Passes the shards' term changes on to the status and the subscribers, in the order each
+/// shard's campaign sent them; ends once every shard's campaign stopped and the coordinator is gone.
 async fn forward(
-    shard: u32,
-    mut events: Events,
+    mut events: mpsc::UnboundedReceiver<(u32, LeadershipEvent)>,
     status: Arc<watch::Sender<ShardStatus>>,
     subscribers: Subscribers,
     group: String,
 ) {
-    while let Some(event) = events.recv().await {
+    while let Some((shard, event)) = events.recv().await {
         let event = match event {
             // A shard that moves away and back has two runners a moment apart, each with a
             // task like this one: a late event of the older term (a lower token) must not

@@ -171,6 +171,61 @@ async fn shards_spread_over_three_then_four_then_two_members_and_never_have_two_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_shards_demotion_is_told_before_its_worker_has_stopped() {
+    let store = MemoryBackend::new();
+    // Each worker takes 400 ms to wind down after its term ends (the grace is 500 ms).
+    let stopped: Arc<Mutex<BTreeSet<u32>>> = Arc::default();
+    let a = {
+        let stopped = stopped.clone();
+        ShardedElection::builder(store.client(), "jobs", SHARDS)
+            .candidate("a")
+            .ttl(TTL)
+            .backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .grace(Duration::from_millis(500))
+            .build()
+            .expect("valid settings")
+            .start(move |shard, term| {
+                let stopped = stopped.clone();
+                async move {
+                    term.cancelled().await;
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    stopped.lock().unwrap().insert(shard);
+                }
+            })
+    };
+    let mut events = a.subscribe();
+    let mut elected = 0;
+    while elected < SHARDS {
+        if let ShardEvent::Elected { .. } = timeout(TTL, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            elected += 1;
+        }
+    }
+    // b takes half of a's shards: each demotion reaches a's subscribers as its term ends,
+    // while its worker still winds down, not once the worker has stopped.
+    let b = member(&store.client(), "b", &Ledger::default());
+    let mut demoted = 0;
+    while demoted < SHARDS / 2 {
+        if let ShardEvent::Demoted { shard, .. } = timeout(TTL, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            assert!(
+                !stopped.lock().unwrap().contains(&shard),
+                "shard {shard}: its demotion was told only after its worker stopped"
+            );
+            demoted += 1;
+        }
+    }
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(start_paused = true)]
 async fn events_say_which_shard_was_elected_and_why_it_was_demoted() {
     let store = MemoryBackend::new();
     let ledger = Ledger::default();
