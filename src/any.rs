@@ -170,6 +170,12 @@ macro_rules! any_backend {
                 }
             }
 
+            fn leaving(&self) {
+                match self {
+                    $( $(#[$cfg])* AnySession::$variant(s) => s.leaving(), )*
+                }
+            }
+
             async fn close(self) -> Result<()> {
                 match self {
                     $( $(#[$cfg])* AnySession::$variant(s) => s.close().await, )*

@@ -874,6 +874,12 @@ impl<B: Backend> Coordinator<B> {
             }
         }
         // Leave: the shards first (their workers stop, their locks are released), then the slot.
+        // The registration's session is leaving too: once every shard of it is releasing, a
+        // store that can ends the session once for all (etcd: one revoke of the lease deletes
+        // the shards' keys and the slot at one revision), and the releases are not needed.
+        if let Some(r) = &registration {
+            r.session.leaving();
+        }
         let running = std::mem::take(&mut self.running);
         for (_, runner) in running {
             self.stopping.spawn(async move {

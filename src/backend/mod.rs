@@ -448,6 +448,14 @@ pub trait Session: Send + Sync + 'static {
         candidate: &Candidate,
     ) -> impl Future<Output = Result<Self::Contender>> + Send;
 
+    /// Says that this handle's user is shutting down: it releases its claims on the handle
+    /// (with [`Contender::leave`] or [`Contender::release`]) and closes it next, and makes no
+    /// new one. A backend whose session ends in the store with the claims on it may then let
+    /// one end of a shared session stand for every release, once all its users are leaving
+    /// (etcd: one revoke of the lease). A contender's [`leave`](Contender::leave) says the
+    /// same of its handle. The default does nothing.
+    fn leaving(&self) {}
+
     /// Ends this handle's use of the session. When no other election uses it, the store's
     /// session is destroyed (lease revoked), releasing anything it still holds at once.
     fn close(self) -> impl Future<Output = Result<()>> + Send;

@@ -38,8 +38,9 @@
 //!   a lease shuts down together (a process stopping), the lease is revoked as soon as the
 //!   last of them starts its release, instead of a delete per key: the deletes still queued
 //!   are dropped, and etcd deletes the rest in one revision, as its own `Session.Close`
-//!   does. A lease with one election (or any other user) that is not shutting down is never
-//!   revoked for the others; if the revoke fails, each deletes its own key as usual.
+//!   does (a sharded member's shards and its member slot, too). A lease with one election
+//!   (or any other user) that is not shutting down is never revoked for the others; if the
+//!   revoke fails, each deletes its own key as usual.
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in

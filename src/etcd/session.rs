@@ -323,6 +323,12 @@ impl Session for EtcdSession {
         ))
     }
 
+    fn leaving(&self) {
+        if self.id != 0 {
+            self.lease.session().leaving(self.id);
+        }
+    }
+
     async fn close(mut self) -> Result<()> {
         self.part();
         self.lease.close_in_place().await

@@ -676,6 +676,76 @@ async fn a_shutdown_of_all_but_one_election_on_a_lease_keeps_the_lease_and_its_k
     assert_eq!(lease_count(&mut client).await, 0);
 }
 
+/// A member of the sharded election `jobs` (`shards` shards) on `backend`, whose workers
+/// run until their term ends.
+fn shard_member(backend: &EtcdBackend, id: &str, shards: u32) -> incumbent::ShardedRunner {
+    incumbent::ShardedElection::builder(backend.clone(), "jobs", shards)
+        .candidate(id)
+        .ttl(Duration::from_secs(4))
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(Duration::from_millis(100))
+        .build()
+        .expect("valid settings")
+        .start(|_, term| async move { term.cancelled().await })
+}
+
+/// Waits until `member` owns `count` shards.
+async fn owning(member: &incumbent::ShardedRunner, count: usize) {
+    let until = Instant::now() + PATIENCE;
+    while member.status().borrow().owned().len() != count {
+        assert!(
+            Instant::now() < until,
+            "owns {} shards, not {count}",
+            member.status().borrow().owned().len()
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_member_that_shuts_down_ends_its_lease_once_and_the_other_takes_over() {
+    // Enough that, of a's, more than a batch of deletes is still queued when the revoke
+    // starts: every request slot (64) holds a delete of its own by then.
+    const SHARDS: u32 = 512;
+    let etcd = EtcdServer::single().await;
+    let proxy = Proxy::start(etcd.client_addr());
+    let mut client = operator(&etcd.endpoints()).await;
+    // Two processes, as far as etcd can tell: a through the proxy, b directly, each its own
+    // connection and lease.
+    let a_backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let b_backend = connect(&etcd.endpoints()).await;
+    let a = shard_member(&a_backend, "a", SHARDS);
+    owning(&a, SHARDS as usize).await;
+    let b = shard_member(&b_backend, "b", SHARDS);
+    owning(&b, SHARDS as usize / 2).await;
+    owning(&a, SHARDS as usize / 2).await;
+    let mut deletes = Deletes::watch(&mut client, &a_backend).await;
+
+    // a shuts down while nothing of it passes: its shards reach their releases, the first
+    // deletes take every request slot, the rest queue, and the lease is revoked once.
+    proxy.blackhole(true);
+    let stopping = tokio::spawn(a.shutdown());
+    sleep(Duration::from_millis(500)).await;
+    proxy.blackhole(false);
+    timeout(PATIENCE, stopping)
+        .await
+        .expect("a shuts down")
+        .expect("its task")
+        .expect("a clean shutdown");
+
+    // Its shard keys and its member slot.
+    let revisions = deletes.by_revision(SHARDS as usize / 2 + 1).await;
+    let largest = revisions.values().copied().max().unwrap_or(0);
+    assert!(
+        largest > MAX_BATCH,
+        "one revision deleted {largest} keys, no more than a batch of deletes: no revoke \
+         ({revisions:?})"
+    );
+    owning(&b, SHARDS as usize).await;
+    assert_eq!(lease_count(&mut client).await, 1, "b's lease alone is left");
+    b.shutdown().await.expect("shutdown");
+}
+
 /// etcd's own count of watch streams and watchers, from its `/metrics`.
 #[derive(Debug, PartialEq)]
 struct Watches {
