@@ -47,8 +47,10 @@ struct Inner {
     /// Set, before the token is cancelled, when the term ends involuntarily; or later, when
     /// the lease is about to lapse while a voluntarily ended term's work winds down.
     stop_by: OnceLock<Instant>,
-    /// Cancelled when the term's work must have stopped: at `stop_by`.
-    halt: CancellationToken,
+    /// Cancelled when the term's work must have stopped: at `stop_by`. Made when first asked
+    /// for, by [`Term::must_stop`] (a runner asks once the term has ended) or by the halt: a
+    /// term that leads holds none.
+    halt: OnceLock<CancellationToken>,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
     holds: Mutex<Option<QueueSender<()>>>,
 }
@@ -120,7 +122,7 @@ impl Term {
                 gap,
                 cancel: CancellationToken::new(),
                 stop_by: OnceLock::new(),
-                halt: CancellationToken::new(),
+                halt: OnceLock::new(),
                 holds: Mutex::new(Some(tx)),
             }),
         };
@@ -144,7 +146,7 @@ impl Term {
     /// and completes [`must_stop`](Term::must_stop).
     pub(crate) fn halt(&self, at: Instant) {
         let _ = self.inner.stop_by.set(at);
-        self.inner.halt.cancel();
+        self.inner.halt.get_or_init(CancellationToken::new).cancel();
     }
 
     /// The fencing token: greater than that of every earlier term of this election.
@@ -202,7 +204,7 @@ impl Term {
     /// aborts its worker then; if you run work from a raw campaign, kill it then. It is fired
     /// by the campaign's task; `stop_by` is the instant to arm a timer of your own with.
     pub fn must_stop(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.halt.cancelled()
+        self.inner.halt.get_or_init(CancellationToken::new).cancelled()
     }
 
     /// Whether leadership has ended.
