@@ -204,7 +204,10 @@ impl Term {
     /// aborts its worker then; if you run work from a raw campaign, kill it then. It is fired
     /// by the campaign's task; `stop_by` is the instant to arm a timer of your own with.
     pub fn must_stop(&self) -> WaitForCancellationFuture<'_> {
-        self.inner.halt.get_or_init(CancellationToken::new).cancelled()
+        self.inner
+            .halt
+            .get_or_init(CancellationToken::new)
+            .cancelled()
     }
 
     /// Whether leadership has ended.

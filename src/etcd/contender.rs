@@ -43,9 +43,11 @@ pub struct EtcdContender {
     lease: Arc<Lease>,
     /// The id of its session handle in the lease's leavers ([`Lease::leaving`]).
     handle: u64,
-    /// `<prefix><election>@`.
-    range: String,
+    /// `<prefix><election>@<lease>[.n]`: the election's range (`<prefix><election>@`) and
+    /// this candidate's part of it.
     key: String,
+    /// The length of the range at the start of `key`.
+    range_len: usize,
     candidate: Candidate,
     /// The create revision of our key, once written.
     created: Option<i64>,
@@ -110,18 +112,17 @@ impl EtcdContender {
     pub(super) fn new(
         backend: EtcdBackend,
         lease: Arc<Lease>,
-        election: &str,
+        range_len: usize,
         key: String,
         candidate: Candidate,
         handle: u64,
     ) -> Self {
-        let range = backend.election_range(election);
         EtcdContender {
             backend,
             lease,
             handle,
-            range,
             key,
+            range_len,
             candidate,
             created: None,
             since: None,
@@ -134,6 +135,11 @@ impl EtcdContender {
             promoted: None,
             noticed: None,
         }
+    }
+
+    /// The election's range, `<prefix><election>@`: the start of our key.
+    fn range(&self) -> &str {
+        &self.key[..self.range_len]
     }
 
     /// The candidate key this contender writes.
@@ -180,7 +186,7 @@ impl EtcdContender {
             self.delete_unless_revoked(delete).await?;
         } else {
             self.backend
-                .batched("deleting the candidate key", &self.range, delete)
+                .batched("deleting the candidate key", self.range(), delete)
                 .await?;
         }
         self.forget();
@@ -199,7 +205,7 @@ impl EtcdContender {
         if revoked {
             return Ok(());
         }
-        let deleting = batch::txn(&self.backend, &self.range, Some(self.lease.id), delete);
+        let deleting = batch::txn(&self.backend, self.range(), Some(self.lease.id), delete);
         tokio::select! {
             biased;
             Ok(_) = revoke.wait_for(|r| *r == Revoke::Done) => Ok(()),
@@ -258,16 +264,16 @@ impl EtcdContender {
                 // Our key is the newest of the range now: the holder, and the two newest (ours
                 // and the one just before it), are all of the queue a candidate acts on, and
                 // cost etcd (and this process) less than the whole queue.
-                TxnOp::get(self.range.clone(), Some(holder_options.clone())),
-                TxnOp::get(self.range.clone(), Some(newest_two())),
+                TxnOp::get(self.range().to_owned(), Some(holder_options.clone())),
+                TxnOp::get(self.range().to_owned(), Some(newest_two())),
                 TxnOp::get(requests.clone(), Some(holder_options.clone())),
             ])
             .or_else([
                 TxnOp::get(self.key.clone(), None),
-                TxnOp::get(self.range.clone(), Some(super::queue_options())),
+                TxnOp::get(self.range().to_owned(), Some(super::queue_options())),
                 TxnOp::get(requests, Some(holder_options)),
             ]);
-        let (backend, range) = (self.backend.clone(), self.range.clone());
+        let (backend, range) = (self.backend.clone(), self.range().to_owned());
         let response = self
             .writing
             .run(async move {
@@ -367,7 +373,7 @@ impl EtcdContender {
                 self.value(Some(created)),
                 Some(self.put_options()),
             )]);
-        let (backend, range) = (self.backend.clone(), self.range.clone());
+        let (backend, range) = (self.backend.clone(), self.range().to_owned());
         tokio::spawn(async move {
             let marked = backend
                 .batched("marking the start of the term", &range, txn)
@@ -417,7 +423,7 @@ impl EtcdContender {
     /// tells the watch it is caught up. A failed read is tried again after the next pause.
     async fn recheck(&mut self) {
         let own = self.key.as_bytes();
-        match self.backend.read_queue(&self.range).await {
+        match self.backend.read_queue(self.range()).await {
             Ok(queue) => match queue.candidates.first() {
                 Some(first) if first.key() == own => {
                     if let Some(follow) = self.follow.as_mut() {
@@ -460,7 +466,7 @@ impl EtcdContender {
     fn follow(&mut self, read: Option<i64>) -> &mut Follow {
         let follow = self
             .follow
-            .get_or_insert_with(|| Follow::new(&self.backend, &self.range));
+            .get_or_insert_with(|| Follow::new(&self.backend, &self.key[..self.range_len]));
         if let Some(revision) = read {
             follow.read_at(revision);
         }
@@ -470,7 +476,8 @@ impl EtcdContender {
     /// The range of the election's request lock (hand-over requests, see
     /// [`switchover`](crate::switchover)).
     fn requests_range(&self) -> String {
-        let election = self.range[self.backend.prefix().len()..].trim_end_matches(super::SEPARATOR);
+        let election =
+            self.range()[self.backend.prefix().len()..].trim_end_matches(super::SEPARATOR);
         let requests = crate::switchover::request_name(election);
         self.backend.election_range(&requests)
     }
@@ -569,7 +576,7 @@ impl Contender for EtcdContender {
             // The write's own read of the range, when it made one: one round trip, not two.
             let queue = match written.take() {
                 Some(queue) => queue,
-                None => self.backend.read_queue(&self.range).await?,
+                None => self.backend.read_queue(self.range()).await?,
             };
             self.follow(Some(queue.revision));
             // Our own leftovers (keys of leases this backend closed) are never queued behind:
@@ -662,7 +669,8 @@ impl Contender for EtcdContender {
             }
             // Boxed: `wait` is where a follower idles, and its future should hold room only
             // for the wait on the view.
-            let queue = Box::pin(self.backend.read_queue(&self.range)).await?;
+            let range = &self.key[..self.range_len];
+            let queue = Box::pin(self.backend.read_queue(range)).await?;
             let present = |key: &str, created: Option<i64>| {
                 queue.candidates.iter().any(|kv| {
                     kv.key() == key.as_bytes() && created.is_none_or(|c| kv.create_revision() == c)

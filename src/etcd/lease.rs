@@ -26,9 +26,9 @@ pub(super) struct Lease {
     /// renewal to hear it.
     pub health: watch::Receiver<SessionHealth>,
     pub health_tx: Arc<watch::Sender<SessionHealth>>,
-    /// The candidate keys claimed by contenders of this lease, so that two campaigns for the
-    /// same election sharing the lease still get a key each.
-    pub keys: Mutex<HashSet<String>>,
+    /// The candidate keys claimed by contenders of this lease ([`key_hash`]), so that two
+    /// campaigns for the same election sharing the lease still get a key each.
+    pub keys: Mutex<HashSet<u64>>,
     /// Who holds the lease, and who of them is leaving: see [`Lease::leaving`].
     pub leavers: Mutex<Leavers>,
     /// Where a revoke of the lease for its leavers is.
@@ -183,5 +183,14 @@ pub(super) async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
 
 /// Gives a contender's key back to its lease when the contender is dropped.
 pub(super) fn free_key(lease: &Lease, key: &str) {
-    lock(&lease.keys).remove(key);
+    lock(&lease.keys).remove(&key_hash(key));
+}
+
+/// A candidate key as [`Lease::keys`] holds it: its hash, not a copy of it. Two keys with
+/// one hash only make the second campaign take a key with a further suffix.
+pub(super) fn key_hash(key: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
 }

@@ -10,8 +10,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::contender::EtcdContender;
-use super::lease::{Lease, Revoke, revoke};
-use super::{EtcdBackend, NAME, SEPARATOR, error};
+use super::lease::{Lease, Revoke, key_hash, revoke};
+use super::{EtcdBackend, NAME, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
 use crate::backend::pool::{Poolable, Shared};
@@ -294,29 +294,24 @@ impl Session for EtcdSession {
     }
 
     async fn contend(&self, election: &str, candidate: &Candidate) -> Result<EtcdContender> {
-        let base = format!(
-            "{}{SEPARATOR}{:x}",
-            self.lease
-                .backend
-                .election_range(election)
-                .trim_end_matches(SEPARATOR),
-            self.lease.id
-        );
+        // `<prefix><election>@<lease>`, then `.1`, `.2`… for further campaigns of the
+        // election on this lease.
+        let range = self.lease.backend.election_range(election);
+        let base = format!("{range}{:x}", self.lease.id);
         let key = {
             let mut keys = lock(&self.lease.keys);
             let mut key = base.clone();
             let mut n = 0;
-            while keys.contains(&key) {
+            while !keys.insert(key_hash(&key)) {
                 n += 1;
                 key = format!("{base}.{n}");
             }
-            keys.insert(key.clone());
             key
         };
         Ok(EtcdContender::new(
             self.lease.backend.clone(),
             self.lease.session(),
-            election,
+            range.len(),
             key,
             candidate.clone(),
             self.id,
