@@ -57,7 +57,7 @@ pub(super) struct Hub {
 struct Shared {
     prefix: Vec<u8>,
     /// The election ranges (`<prefix><election>@`) that views follow.
-    ranges: Mutex<HashMap<Box<[u8]>, Range>>,
+    ranges: Mutex<HashMap<Arc<[u8]>, Range>>,
 }
 
 /// One election range that views follow.
@@ -510,7 +510,8 @@ async fn watch_from(
 /// view.
 pub(super) struct Follow {
     shared: Arc<Shared>,
-    range: Box<[u8]>,
+    /// The range's name, shared with the hub's entry for it.
+    range: Arc<[u8]>,
     view: SharedView,
     retry: Retries,
 }
@@ -526,12 +527,20 @@ impl Follow {
             gap: None,
             waker: None,
         }));
-        let range: Box<[u8]> = range.as_bytes().into();
-        lock(&shared.ranges)
-            .entry(range.clone())
-            .or_default()
-            .views
-            .push(view.clone());
+        let range = {
+            let mut ranges = lock(&shared.ranges);
+            // One copy of the name per range, shared by the hub's entry and its views.
+            let name: Arc<[u8]> = match ranges.get_key_value(range.as_bytes()) {
+                Some((name, _)) => name.clone(),
+                None => Arc::from(range.as_bytes()),
+            };
+            ranges
+                .entry(name.clone())
+                .or_default()
+                .views
+                .push(view.clone());
+            name
+        };
         Follow {
             shared,
             range,
