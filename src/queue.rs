@@ -205,14 +205,22 @@ impl<T: Clone> Fanout<T> {
     /// A new subscriber, from now on.
     pub(crate) fn add(&self) -> QueueReceiver<T> {
         let (tx, rx) = queue();
-        lock(&self.subscribers).push(Subscriber::Queue(tx));
+        self.push(Subscriber::Queue(tx));
         rx
     }
 
     /// A subscriber that is a function: `sink` gets each item from now on, at once, in the
     /// sender's task, under the fanout's lock; it must not block, nor send to this fanout.
     pub(crate) fn add_sink(&self, sink: Box<dyn Fn(&T) + Send + Sync>) {
-        lock(&self.subscribers).push(Subscriber::Sink(sink));
+        self.push(Subscriber::Sink(sink));
+    }
+
+    fn push(&self, subscriber: Subscriber<T>) {
+        let mut subscribers = lock(&self.subscribers);
+        // Room for exactly this one: most fanouts (a campaign's events) have one or two
+        // subscribers for good, and there are as many fanouts as elections.
+        subscribers.reserve_exact(1);
+        subscribers.push(subscriber);
     }
 
     /// Queues `item` for every subscriber.
