@@ -1076,7 +1076,10 @@ impl<B: Backend> Coordinator<B> {
         // them: no task and no event queue per shard.
         let campaign = election.campaign_with(|handle| {
             handle.pass_events_to(Box::new(move |event| {
-                let _ = terms.send((shard, event.clone()));
+                // Term changes only: who leads a shard this member does not is nobody's here.
+                if !matches!(event, LeadershipEvent::LeaderChanged(_)) {
+                    let _ = terms.send((shard, event.clone()));
+                }
             }));
         });
         Runner::start(
@@ -1101,9 +1104,9 @@ async fn forward(
 ) {
     while let Some((shard, event)) = events.recv().await {
         let event = match event {
-            // A shard that moves away and back has two runners a moment apart, each with a
-            // task like this one: a late event of the older term (a lower token) must not
-            // overwrite or remove the newer one.
+            // A shard that moves away and back has two campaigns a moment apart, whose
+            // events may interleave here: a late event of the older term (a lower token)
+            // must not overwrite or remove the newer one.
             LeadershipEvent::Elected(term) => {
                 status.send_modify(|s| {
                     let newer = s

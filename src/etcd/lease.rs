@@ -80,15 +80,10 @@ impl Lease {
 
     /// The handle `id` left the lease (closed or dropped).
     pub fn parted(self: &Arc<Self>, id: u64) {
-        let revoke = {
-            let mut leavers = lock(&self.leavers);
+        self.change_leavers(|leavers| {
             leavers.handles = leavers.handles.saturating_sub(1);
             leavers.leaving.remove(&id);
-            leavers.revoke_now()
-        };
-        if revoke {
-            self.revoke_for_leavers();
-        }
+        });
     }
 
     /// The handle `id` is leaving for good: its campaign shuts down, and releases its claim
@@ -98,9 +93,16 @@ impl Lease {
     /// state tells the contenders still waiting on theirs). A lease with one handle that is
     /// not leaving is never revoked here: its keys stay.
     pub fn leaving(self: &Arc<Self>, id: u64) {
+        self.change_leavers(|leavers| {
+            leavers.leaving.insert(id);
+        });
+    }
+
+    /// Applies `change` to the leavers, and starts the revoke if every handle is leaving now.
+    fn change_leavers(self: &Arc<Self>, change: impl FnOnce(&mut Leavers)) {
         let revoke = {
             let mut leavers = lock(&self.leavers);
-            leavers.leaving.insert(id);
+            change(&mut leavers);
             leavers.revoke_now()
         };
         if revoke {

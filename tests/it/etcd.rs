@@ -616,13 +616,31 @@ impl Deletes {
 /// than this was a revoke of their lease.
 const MAX_BATCH: usize = 64;
 
+/// That one revision of `revisions` (keys deleted per revision) deleted more keys than a
+/// batch of deletes holds: a revoke of their lease.
+fn assert_revoked_at_once(revisions: &std::collections::BTreeMap<i64, usize>) {
+    let largest = revisions.values().copied().max().unwrap_or(0);
+    assert!(
+        largest > MAX_BATCH,
+        "one revision deleted {largest} keys, no more than a batch of deletes: no revoke \
+         ({revisions:?})"
+    );
+}
+
+/// An etcd server, a proxy in front of it, an operator's client (straight to etcd) and a
+/// backend through the proxy.
+async fn etcd_behind_a_proxy() -> (EtcdServer, Proxy, Client, EtcdBackend) {
+    let etcd = EtcdServer::single().await;
+    let proxy = Proxy::start(etcd.client_addr());
+    let client = operator(&etcd.endpoints()).await;
+    let backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    (etcd, proxy, client, backend)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_each_key() {
     const COUNT: usize = 300;
-    let etcd = EtcdServer::single().await;
-    let proxy = Proxy::start(etcd.client_addr());
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let (_etcd, proxy, mut client, backend) = etcd_behind_a_proxy().await;
     let campaigns = leading_on_one_lease(&backend, "mass", COUNT).await;
     assert_eq!(lease_count(&mut client).await, 1);
     let mut deletes = Deletes::watch(&mut client, &backend).await;
@@ -630,12 +648,7 @@ async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_
     shut_down_all_at_once(&proxy, campaigns).await;
 
     let revisions = deletes.by_revision(COUNT).await;
-    let largest = revisions.values().copied().max().unwrap_or(0);
-    assert!(
-        largest > MAX_BATCH,
-        "one revision deleted {largest} keys, no more than a batch of deletes: no revoke \
-         ({revisions:?})"
-    );
+    assert_revoked_at_once(&revisions);
     assert_eq!(lease_count(&mut client).await, 0, "the lease is revoked");
     assert_eq!(
         keys_left(&mut client, &backend).await,
@@ -647,10 +660,7 @@ async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_of_all_but_one_election_on_a_lease_keeps_the_lease_and_its_key() {
     const COUNT: usize = 100;
-    let etcd = EtcdServer::single().await;
-    let proxy = Proxy::start(etcd.client_addr());
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let (_etcd, proxy, mut client, backend) = etcd_behind_a_proxy().await;
     let mut campaigns = leading_on_one_lease(&backend, "most", COUNT + 1).await;
     let staying = campaigns.pop().expect("one more");
     let mut deletes = Deletes::watch(&mut client, &backend).await;
@@ -707,12 +717,9 @@ async fn a_sharded_member_that_shuts_down_ends_its_lease_once_and_the_other_take
     // Enough that, of a's, more than a batch of deletes is still queued when the revoke
     // starts: every request slot (64) holds a delete of its own by then.
     const SHARDS: u32 = 512;
-    let etcd = EtcdServer::single().await;
-    let proxy = Proxy::start(etcd.client_addr());
-    let mut client = operator(&etcd.endpoints()).await;
     // Two processes, as far as etcd can tell: a through the proxy, b directly, each its own
     // connection and lease.
-    let a_backend = connect(&[format!("http://{}", proxy.addr())]).await;
+    let (etcd, proxy, mut client, a_backend) = etcd_behind_a_proxy().await;
     let b_backend = connect(&etcd.endpoints()).await;
     let a = shard_member(&a_backend, "a", SHARDS);
     owning(&a, SHARDS as usize).await;
@@ -735,12 +742,7 @@ async fn a_sharded_member_that_shuts_down_ends_its_lease_once_and_the_other_take
 
     // Its shard keys and its member slot.
     let revisions = deletes.by_revision(SHARDS as usize / 2 + 1).await;
-    let largest = revisions.values().copied().max().unwrap_or(0);
-    assert!(
-        largest > MAX_BATCH,
-        "one revision deleted {largest} keys, no more than a batch of deletes: no revoke \
-         ({revisions:?})"
-    );
+    assert_revoked_at_once(&revisions);
     owning(&b, SHARDS as usize).await;
     assert_eq!(lease_count(&mut client).await, 1, "b's lease alone is left");
     b.shutdown().await.expect("shutdown");
