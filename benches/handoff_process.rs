@@ -37,6 +37,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+#[cfg(feature = "zookeeper")]
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -648,16 +650,57 @@ def lead():
 zk.Election(path, str(os.getpid())).run(lead)
 "#;
 
-/// The CPU time a process has used so far (user and system), from `/proc/<pid>/stat`.
+/// The CPU time a process's threads have used so far, in nanoseconds: the sum of
+/// `/proc/<pid>/task/<tid>/schedstat` (its first field is the time on a CPU). Not
+/// `/proc/<pid>/stat`'s clock ticks: at 100 per second, an idle process's 10 s window is one
+/// or two ticks, and the two programs compared would differ by the rounding. A thread that
+/// exits within the window takes its time with it: the idle window counts the threads too.
 #[cfg(feature = "zookeeper")]
-fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command's name (which may hold spaces), from the third on.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
-    Some(Duration::from_millis(ticks * 1000 / per_second.max(1)))
+fn cpu_time(pid: u32) -> Option<ThreadsCpu> {
+    let mut cpu = ThreadsCpu::default();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let dir = task.ok()?.path();
+        // A thread may exit between the listing and the reads.
+        let (Ok(stat), Ok(name)) = (
+            std::fs::read_to_string(dir.join("schedstat")),
+            std::fs::read_to_string(dir.join("comm")),
+        ) else {
+            continue;
+        };
+        let used = Duration::from_nanos(stat.split_whitespace().next()?.parse().ok()?);
+        *cpu.by_name.entry(name.trim().to_owned()).or_default() += used;
+        cpu.threads += 1;
+    }
+    Some(cpu)
+}
+
+/// The CPU time of a process's threads, by thread name, and how many there were.
+#[cfg(feature = "zookeeper")]
+#[derive(Default)]
+struct ThreadsCpu {
+    by_name: BTreeMap<String, Duration>,
+    threads: usize,
+}
+
+#[cfg(feature = "zookeeper")]
+impl ThreadsCpu {
+    fn total(&self) -> Duration {
+        self.by_name.values().sum()
+    }
+
+    /// What `later` used since `self`, by thread name, in ms per second of `seconds`.
+    fn rates_until(&self, later: &ThreadsCpu, seconds: f64) -> String {
+        let parts: Vec<String> = later
+            .by_name
+            .iter()
+            .map(|(name, used)| {
+                let before = self.by_name.get(name).copied().unwrap_or_default();
+                let rate = used.saturating_sub(before).as_secs_f64() * 1e3 / seconds;
+                format!("{name} {rate:.2}")
+            })
+            .collect();
+        parts.join(", ")
+    }
 }
 
 /// ZooKeeper, side by side in one run with kazoo's `Election` recipe ([`KAZOO_PEER_PY`]),
@@ -725,17 +768,33 @@ fn zookeeper_section(
         wait_for(&rx, "a", "stdout", None)?;
         let b = launch("b")?;
         thread::sleep(Duration::from_secs(2));
-        let cpu = || Some(cpu_time(a.0.id())? + cpu_time(b.0.id())?);
-        let (packets, used) = (received()?, cpu()?);
+        let cpu = || Some((cpu_time(a.0.id())?, cpu_time(b.0.id())?));
+        let (packets, before) = (received()?, cpu()?);
         thread::sleep(IDLE);
-        let (packets_after, used_after) = (received()?, cpu()?);
+        let (packets_after, after) = (received()?, cpu()?);
         let held = connections()?;
         drop(b);
         drop(a);
         let seconds = IDLE.as_secs_f64();
+        let mut used = Duration::ZERO;
+        for (who, was, is) in [
+            ("holder", &before.0, &after.0),
+            ("follower", &before.1, &after.1),
+        ] {
+            if is.threads < was.threads {
+                println!(
+                    "    ({kind}: a thread of the {who} exited in the window; its CPU is not counted)"
+                );
+            }
+            println!(
+                "    {kind} {who}, ms CPU/s by thread: {}",
+                was.rates_until(is, seconds)
+            );
+            used += is.total().saturating_sub(was.total());
+        }
         Some((
             packets_after.saturating_sub(packets) as f64 / seconds / 2.0,
-            (used_after.saturating_sub(used)).as_secs_f64() * 1e3 / seconds / 2.0,
+            used.as_secs_f64() * 1e3 / seconds / 2.0,
             held,
         ))
     };

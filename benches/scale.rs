@@ -391,7 +391,7 @@ async fn one_process<B: Backend>(
     let after = store_counters(store).await;
     let idle_cpu_ms_per_s = cpu.as_secs_f64() * 1e3 / args.idle.as_secs_f64();
     let requests = diff(&before, &after);
-    let total: f64 = requests.values().sum();
+    let total = sum(&requests);
     let idle_requests_per_s = total / args.idle.as_secs_f64();
     println!(
         "  idle {:?}: {idle_cpu_ms_per_s:.2} ms CPU per s; store received {total:.0} requests \
@@ -411,9 +411,11 @@ async fn one_process<B: Backend>(
     let stopping = Instant::now();
     let cpu_at_stop = (cpu_time(), server_cpu_time());
     let allocations_at_stop = ALLOCATIONS.load(Ordering::Relaxed);
+    let timeline = Timeline::start();
     stop_all(campaigns).await;
     let shutdown = stopping.elapsed();
     println!("  shutdown (all released): {:.3} s", shutdown.as_secs_f64());
+    timeline.print("shutdown");
     print_cpu_since("all released", cpu_at_stop);
     print_allocations_since("all released", allocations_at_stop, count);
     Row {
@@ -496,6 +498,11 @@ async fn stop_all(campaigns: Vec<Campaign>) {
     for s in stopping.collect::<Vec<_>>() {
         let _ = tokio::time::timeout(STEP_LIMIT, s).await;
     }
+}
+
+/// The sum of the counts, from +0.0: a sum of no floats is -0.0, which prints as "-0".
+fn sum(counts: &BTreeMap<String, f64>) -> f64 {
+    counts.values().fold(0.0, |total, v| total + v)
 }
 
 fn describe(requests: &BTreeMap<String, f64>) -> String {
@@ -686,7 +693,7 @@ async fn etcd_followers(args: &Args) {
     print_etcd_gauges(addr).await;
     let window = |from: &BTreeMap<String, f64>, to: &BTreeMap<String, f64>, secs: f64| {
         let d = diff(from, to);
-        let total: f64 = d.values().sum();
+        let total = sum(&d);
         format!("{:.1} requests/s{}", total / secs, describe(&d))
     };
     let before = store_counters(Store::Etcd(addr)).await;
@@ -739,6 +746,7 @@ async fn etcd_followers(args: &Args) {
         let stopping = Instant::now();
         let cpu_at_stop = (cpu_time(), server_cpu_time());
         let requests_at_stop = store_counters(Store::Etcd(addr)).await;
+        let timeline = Timeline::start();
         let all = procs
             .into_iter()
             .map(|campaigns| tokio::spawn(stop_all(campaigns)));
@@ -750,6 +758,7 @@ async fn etcd_followers(args: &Args) {
             "  shutdown of every process at once (all released): {:.2} s",
             shutdown.as_secs_f64()
         );
+        timeline.print("shutdown");
         if p * e >= 100_000 {
             bound(
                 "shutdown of all in under 2 s",
@@ -862,7 +871,7 @@ async fn consul_followers(args: &Args) {
     let cpu = cpu_time().saturating_sub(cpu_before);
     let after = store_counters(Store::Consul(addr)).await;
     let d = diff(&before, &after);
-    let total: f64 = d.values().sum();
+    let total = sum(&d);
     println!(
         "  idle {:?}: {:.2} requests/s completed at the agent{}; {:.2} ms CPU per s; sessions {} + {}",
         args.idle,
@@ -933,6 +942,61 @@ fn print_cpu_since(until: &str, from: (Duration, Option<Duration>)) {
             now.saturating_sub(then).as_secs_f64()
         ),
         _ => println!("  CPU until {until}: this process {ours:.1} s"),
+    }
+}
+
+/// The CPU this process and the store's server use in each 100 ms of a step, sampled on a
+/// thread of its own until the step ends (at most [`STEP_LIMIT`]): where both are busy, or
+/// this process waits for the store, or the other way round.
+struct Timeline {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sampler: std::thread::JoinHandle<Vec<(f64, Option<f64>)>>,
+}
+
+impl Timeline {
+    const STEP: Duration = Duration::from_millis(100);
+
+    fn start() -> Timeline {
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let sampler = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            let mut last = (cpu_time(), server_cpu_time());
+            let until = Instant::now() + STEP_LIMIT;
+            while !flag.load(Ordering::Relaxed) && Instant::now() < until {
+                std::thread::sleep(Self::STEP);
+                let now = (cpu_time(), server_cpu_time());
+                let share = |a: Duration, b: Duration| {
+                    a.saturating_sub(b).as_secs_f64() * 100.0 / Self::STEP.as_secs_f64()
+                };
+                let server = match (now.1, last.1) {
+                    (Some(now), Some(then)) => Some(share(now, then)),
+                    _ => None,
+                };
+                samples.push((share(now.0, last.0), server));
+                last = now;
+            }
+            samples
+        });
+        Timeline { done, sampler }
+    }
+
+    fn print(self, step: &str) {
+        self.done.store(true, Ordering::Relaxed);
+        let Ok(samples) = self.sampler.join() else {
+            return;
+        };
+        let cells: Vec<String> = samples
+            .iter()
+            .map(|(ours, server)| match server {
+                Some(server) => format!("{ours:.0}/{server:.0}"),
+                None => format!("{ours:.0}"),
+            })
+            .collect();
+        println!(
+            "  {step}, CPU per 100 ms in % of a core (this process/the store's server): {}",
+            cells.join(" ")
+        );
     }
 }
 
