@@ -3,7 +3,7 @@
 
 use etcd_client::KeyValue;
 
-use super::watch::{Change, Follow, Seen};
+use super::watch::{Change, Follow, Interest, Seen};
 use super::{EtcdBackend, leader_of};
 use crate::Result;
 use crate::backend::{Leader, Observer};
@@ -59,22 +59,28 @@ impl EtcdObserver {
     /// Learns the holder: from what this process knows of it, if it does (see
     /// [`Follow::known`]), else from a read.
     async fn read(&mut self) -> Result<()> {
+        // Every change while the holder is learnt, then only what can change the holder
+        // learnt: a change of the new holder's key delivered meanwhile (its term's mark, say)
+        // is kept, where the last holder's interest would have dropped it.
+        self.follow.attend(Interest::Everything);
         if let Some(known) = self.follow.known() {
             self.holder = known.holder;
-            self.stale = false;
-            return Ok(());
+        } else {
+            let (revision, kv) = self.backend.read_holder(&self.range).await?;
+            self.follow.learn(revision, kv.as_ref());
+            self.holder = kv
+                .as_ref()
+                .map(|kv: &KeyValue| (kv.key().to_vec(), leader_of(kv)));
+            self.follow.read_at(revision);
         }
-        let (revision, kv) = self.backend.read_holder(&self.range).await?;
-        self.follow.learn(revision, kv.as_ref());
-        self.holder = kv
-            .as_ref()
-            .map(|kv: &KeyValue| (kv.key().to_vec(), leader_of(kv)));
         self.stale = false;
-        self.follow.read_at(revision);
+        let key = self.holder.as_ref().map(|(key, _)| key.clone());
+        self.follow.attend(Interest::Holder(key));
         Ok(())
     }
 
-    /// Whether a change can change the holder.
+    /// Whether a change can change the holder: what the view's [`Interest::Holder`] passes
+    /// on (checked here too: the view takes every change while a holder is learnt).
     fn matters(&self, change: &Change) -> bool {
         match &self.holder {
             None => !change.deleted,

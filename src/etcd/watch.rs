@@ -108,6 +108,12 @@ pub(super) enum Interest {
     Everything,
     /// Only the deletes of these keys.
     Deletes(Vec<Vec<u8>>),
+    /// Only the changes that can change who holds the range, given its holder's key as the
+    /// owner last learnt it: any change of that key (deleted, or written again), or, when the
+    /// range was empty, a first key written. Another candidate joining or leaving the line
+    /// is not news to an observer of who leads, and would wake it for nothing: in an election
+    /// of ten candidates, nine times at each start or shutdown of them all.
+    Holder(Option<Vec<u8>>),
     /// Nothing: the view only keeps the range followed, for what is known of its holder.
     Nothing,
 }
@@ -119,6 +125,8 @@ impl Interest {
             Interest::Deletes(keys) => {
                 change.deleted && keys.iter().any(|key| key.as_slice() == change.key)
             }
+            Interest::Holder(None) => !change.deleted,
+            Interest::Holder(Some(key)) => key.as_slice() == change.key,
             Interest::Nothing => false,
         }
     }
@@ -795,6 +803,45 @@ mod tests {
         );
         assert_eq!(leader_wakes.count(), 2);
         assert_eq!(lock(&follower).changes.len(), 1);
+    }
+
+    #[test]
+    fn an_observer_of_the_holder_wakes_only_for_what_can_change_the_holder() {
+        let hub = shared("");
+        let (observer, wakes) = waiting(&hub, "e@", Interest::Holder(Some(b"e@a".to_vec())));
+        let rearm = || lock(&observer).waker = Some(std::task::Waker::from(wakes.clone()));
+        hub.deliver_changes([delivered("e@c", false, 11), delivered("e@b", true, 12)].into_iter());
+        assert_eq!(
+            wakes.count(),
+            0,
+            "another candidate joining or leaving the line is no news of the holder"
+        );
+        assert!(lock(&observer).changes.is_empty());
+        hub.deliver_changes([delivered("e@a", false, 13)].into_iter());
+        assert_eq!(
+            wakes.count(),
+            1,
+            "the holder's key written again (a proclaim)"
+        );
+        rearm();
+        hub.deliver_changes([delivered("e@a", true, 14)].into_iter());
+        assert_eq!(wakes.count(), 2, "the holder's delete");
+        assert_eq!(lock(&observer).changes.len(), 2);
+
+        let (empty, empty_wakes) = waiting(&hub, "f@", Interest::Holder(None));
+        hub.deliver_changes([delivered("f@a", true, 15)].into_iter());
+        assert_eq!(
+            empty_wakes.count(),
+            0,
+            "a delete cannot give an empty range a holder"
+        );
+        hub.deliver_changes([delivered("f@a", false, 16)].into_iter());
+        assert_eq!(
+            empty_wakes.count(),
+            1,
+            "a first key in an empty range is its holder"
+        );
+        assert_eq!(lock(&empty).changes.len(), 1);
     }
 
     #[test]
