@@ -9,7 +9,7 @@ use etcd_client::{
 
 use super::batch;
 use super::lease::{Lease, Revoke, free_key};
-use super::watch::{Follow, Interest, Seen, retries};
+use super::watch::{Follow, Interest, Seen, digest, retries};
 use super::{EtcdBackend, Queue, error, leader_of, token_of};
 use crate::Result;
 use crate::backend::{
@@ -445,8 +445,8 @@ impl EtcdContender {
     }
 
     /// We hold the lock with our key, created at `created`, as seen at `revision`: follow
-    /// every change in the range from there while leading, and mark the term in the key's
-    /// value unless it was written just now (then it says so already).
+    /// what can end the hold from there while leading ([`Interest::Held`]), and mark the term
+    /// in the key's value unless it was written just now (then it says so already).
     fn win(&mut self, created: i64, revision: i64, fresh: bool) -> Attempt {
         if !self.won {
             if !fresh {
@@ -454,7 +454,9 @@ impl EtcdContender {
             }
             self.won = true;
             self.waiting = None;
-            self.follow(Some(revision)).attend(Interest::Everything);
+            let key = digest(self.key.as_bytes());
+            self.follow(Some(revision))
+                .attend(Interest::Held { key, created });
         }
         Attempt::Won {
             fencing_token: token_of(created),

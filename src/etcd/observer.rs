@@ -3,7 +3,7 @@
 
 use etcd_client::KeyValue;
 
-use super::watch::{Change, Follow, Interest, Seen};
+use super::watch::{Change, Follow, Interest, Seen, digest};
 use super::{EtcdBackend, leader_of};
 use crate::Result;
 use crate::backend::{Leader, Observer};
@@ -74,7 +74,7 @@ impl EtcdObserver {
             self.follow.read_at(revision);
         }
         self.stale = false;
-        let key = self.holder.as_ref().map(|(key, _)| key.clone());
+        let key = self.holder.as_ref().map(|(key, _)| digest(key));
         self.follow.attend(Interest::Holder(key));
         Ok(())
     }

@@ -108,12 +108,24 @@ pub(super) enum Interest {
     Everything,
     /// Only the deletes of these keys.
     Deletes(Vec<Vec<u8>>),
-    /// Only the changes that can change who holds the range, given its holder's key as the
-    /// owner last learnt it: any change of that key (deleted, or written again), or, when the
-    /// range was empty, a first key written. Another candidate joining or leaving the line
-    /// is not news to an observer of who leads, and would wake it for nothing: in an election
-    /// of ten candidates, nine times at each start or shutdown of them all.
-    Holder(Option<Vec<u8>>),
+    /// Only the changes that can change who holds the range, given its holder's key (its
+    /// [`digest`]) as the owner last learnt it: any change of that key (deleted, or written
+    /// again), or, when the range was empty, a first key written. Another candidate joining
+    /// or leaving the line is not news to an observer of who leads, and would wake it for
+    /// nothing: in an election of ten candidates, nine times at each start or shutdown of
+    /// them all. (By digest, not a copy of the key: a collision only wakes the owner for
+    /// nothing, and the owner checks the key itself.)
+    Holder(Option<u64>),
+    /// Only what can end a leader's hold: the delete of its key (by its [`digest`], as for
+    /// [`Holder`](Interest::Holder)), or a key written that was created before its own
+    /// (`created`), which would be ahead of it in the line. The others joining and leaving
+    /// the line behind it are not.
+    Held {
+        /// The [`digest`] of the leader's key.
+        key: u64,
+        /// The leader's key's create revision.
+        created: i64,
+    },
     /// Nothing: the view only keeps the range followed, for what is known of its holder.
     Nothing,
 }
@@ -126,10 +138,22 @@ impl Interest {
                 change.deleted && keys.iter().any(|key| key.as_slice() == change.key)
             }
             Interest::Holder(None) => !change.deleted,
-            Interest::Holder(Some(key)) => key.as_slice() == change.key,
+            Interest::Holder(Some(key)) => *key == digest(change.key),
+            Interest::Held { key, created } => match change.deleted {
+                true => *key == digest(change.key),
+                false => change.create_revision < *created,
+            },
             Interest::Nothing => false,
         }
     }
+}
+
+/// A key's digest, for an [`Interest`] that names a key without holding a copy of it.
+pub(super) fn digest(key: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(key);
+    hasher.finish()
 }
 
 /// One change of a key, as the watch reported it.
@@ -808,7 +832,7 @@ mod tests {
     #[test]
     fn an_observer_of_the_holder_wakes_only_for_what_can_change_the_holder() {
         let hub = shared("");
-        let (observer, wakes) = waiting(&hub, "e@", Interest::Holder(Some(b"e@a".to_vec())));
+        let (observer, wakes) = waiting(&hub, "e@", Interest::Holder(Some(digest(b"e@a"))));
         let rearm = || lock(&observer).waker = Some(std::task::Waker::from(wakes.clone()));
         hub.deliver_changes([delivered("e@c", false, 11), delivered("e@b", true, 12)].into_iter());
         assert_eq!(
@@ -842,6 +866,47 @@ mod tests {
             "a first key in an empty range is its holder"
         );
         assert_eq!(lock(&empty).changes.len(), 1);
+    }
+
+    #[test]
+    fn a_leaders_view_wakes_only_for_what_can_end_its_hold() {
+        let hub = shared("");
+        let (leader, wakes) = waiting(
+            &hub,
+            "e@",
+            Interest::Held {
+                key: digest(b"e@a"),
+                created: 10,
+            },
+        );
+        let rearm = || lock(&leader).waker = Some(std::task::Waker::from(wakes.clone()));
+        let mut proclaim = delivered("e@a", false, 12);
+        proclaim.change.create_revision = 10;
+        hub.deliver_changes(
+            [
+                delivered("e@b", false, 11),
+                proclaim,
+                delivered("e@b", true, 13),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            wakes.count(),
+            0,
+            "a candidate joining and leaving the line behind it, and its own proclaim, are no news to a leader"
+        );
+        let mut ahead = delivered("e@0", false, 14);
+        ahead.change.create_revision = 9;
+        hub.deliver_changes([ahead].into_iter());
+        assert_eq!(
+            wakes.count(),
+            1,
+            "a key created before its own is ahead of it"
+        );
+        rearm();
+        hub.deliver_changes([delivered("e@a", true, 15)].into_iter());
+        assert_eq!(wakes.count(), 2, "its own key's delete");
+        assert_eq!(lock(&leader).changes.len(), 2);
     }
 
     #[test]
