@@ -44,7 +44,7 @@ use crate::queue::{Fanout, QueueReceiver, QueueSender, queue};
 use crate::switchover::{
     self, HandOverError, HandOverStyle, HandedOver, Request, presence_name, request_name,
 };
-use crate::term::{Gap, Term};
+use crate::term::{ElectionConfig, Gap, Term};
 use crate::{Error, Result, metrics};
 
 /// A running campaign for one election: a [`Stream`] of [`LeadershipEvent`]s, plus control.
@@ -595,12 +595,29 @@ enum Pursuit<C> {
 /// A term in office: what [`Engine::take_office`] sets up and [`Engine::hand_over`] ends.
 struct Office {
     span: tracing::Span,
-    /// The leader as the store shows it (its metadata updated by proclaims).
-    leader: Leader,
+    /// The leader as the store shows it, once a proclaim changed its metadata; until then
+    /// it is the term's ([`Office::leader`]), and no copy of it is kept here.
+    proclaimed: Option<Box<Leader>>,
     fencing_token: FencingToken,
     in_force: InForce,
     /// Completes once every guard of the term is dropped.
     guards: QueueReceiver<()>,
+}
+
+impl Office {
+    /// The leader as the store shows it.
+    fn leader(&self) -> &Leader {
+        self.proclaimed
+            .as_deref()
+            .unwrap_or_else(|| self.in_force.0.leader())
+    }
+
+    /// The leader as the store shows it, for a proclaim to change.
+    fn leader_mut(&mut self) -> &mut Leader {
+        let term = &self.in_force.0;
+        self.proclaimed
+            .get_or_insert_with(|| Box::new(term.leader().clone()))
+    }
 }
 
 /// How [`Engine::hold_office`] ended; the term is cancelled already.
@@ -1277,8 +1294,12 @@ impl<B: Backend> Engine<B> {
             since_unix_ms: Some(unix_ms_now()),
         };
         let gap = self.gap();
-        let (term, guards) =
-            Term::new(self.config.name.clone(), leader.clone(), fencing_token, gap);
+        let (term, guards) = Term::new(
+            ElectionConfig(self.config.clone()),
+            leader.clone(),
+            fencing_token,
+            gap,
+        );
         // Ends the term however this task ends, a panic or a dropped runtime included.
         let in_force = InForce(term.clone());
         self.last_token = Some(fencing_token);
@@ -1300,10 +1321,10 @@ impl<B: Backend> Engine<B> {
         span.in_scope(|| tracing::info!(fencing_token, "elected"));
         self.subscribers
             .send(&LeadershipEvent::Elected(term.clone()));
-        self.saw_leader(Some(leader.clone()));
+        self.saw_leader(Some(leader));
         Office {
             span,
-            leader,
+            proclaimed: None,
             fencing_token,
             in_force,
             guards,
@@ -1358,7 +1379,7 @@ impl<B: Backend> Engine<B> {
                         let outcome = Box::pin(self.proclaim(
                             contender,
                             &mut health,
-                            &mut office.leader,
+                            office.leader_mut(),
                             metadata,
                         ))
                         .await;
@@ -1468,7 +1489,7 @@ impl<B: Backend> Engine<B> {
             let _ = within_term(
                 health,
                 self.config.renew_deadline,
-                contender.proclaim(&office.leader.refusing(request, &error.to_string())),
+                contender.proclaim(&office.leader().refusing(request, &error.to_string())),
             )
             .await;
         }
@@ -1500,7 +1521,7 @@ impl<B: Backend> Engine<B> {
         .await??;
         let style = self.backend.info().hand_over;
         if style != HandOverStyle::Escrow {
-            let named = office.leader.handing_over_to(&to, window);
+            let named = office.leader().handing_over_to(&to, window);
             within_term(health, deadline, contender.proclaim(&named)).await?;
             if style == HandOverStyle::Line {
                 // Bounded by the renew deadline: the term stays trusted meanwhile.
@@ -1530,7 +1551,8 @@ impl<B: Backend> Engine<B> {
                 };
                 if let Some(error) = refusal {
                     // The term goes on: the value names nobody again.
-                    let _ = within_term(health, deadline, contender.proclaim(&office.leader)).await;
+                    let _ =
+                        within_term(health, deadline, contender.proclaim(office.leader())).await;
                     return Err(NotReady::Refused(error));
                 }
             }
@@ -1550,7 +1572,7 @@ impl<B: Backend> Engine<B> {
     ) -> (DemotionReason, bool) {
         let Office {
             span,
-            leader,
+            proclaimed,
             fencing_token,
             in_force,
             mut guards,
@@ -1600,6 +1622,7 @@ impl<B: Backend> Engine<B> {
             span.in_scope(|| tracing::warn!("the term's guards were still held; releasing anyway"));
         }
         if let Some(transfer) = transfer {
+            let leader = proclaimed.map_or_else(|| in_force.0.leader().clone(), |l| *l);
             return Box::pin(self.pass_on(contender, transfer, leader, &mut health, &span)).await;
         }
         let releasing = async {

@@ -7,6 +7,7 @@ use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::backend::{FencingToken, Leader};
+use crate::config::Config;
 use crate::queue::{QueueReceiver, QueueSender, queue};
 
 /// One term of leadership: valid from when it is handed out until its token is cancelled.
@@ -37,7 +38,7 @@ pub struct Term {
 
 #[derive(Debug)]
 struct Inner {
-    election: String,
+    election: ElectionConfig,
     leader: Leader,
     fencing_token: FencingToken,
     started: Instant,
@@ -53,6 +54,17 @@ struct Inner {
     halt: OnceLock<CancellationToken>,
     /// Cloned into every [`TermGuard`]; taken out when the term ends.
     holds: Mutex<Option<QueueSender<()>>>,
+}
+
+/// The election a term is of: its settings, shared with its campaign (the name without a
+/// copy of its own: a process may hold 100,000 terms).
+#[derive(Clone)]
+pub(crate) struct ElectionConfig(pub(crate) Arc<Config>);
+
+impl std::fmt::Debug for ElectionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0.name, f)
+    }
 }
 
 /// How long an election was without a leader before a term began, as the winner measured it
@@ -105,7 +117,7 @@ pub struct TermGuard {
 
 impl Term {
     pub(crate) fn new(
-        election: String,
+        election: ElectionConfig,
         leader: Leader,
         fencing_token: FencingToken,
         gap: Gap,
@@ -156,7 +168,7 @@ impl Term {
 
     /// The election's name.
     pub fn election(&self) -> &str {
-        &self.inner.election
+        &self.inner.election.0.name
     }
 
     /// This leader's identity and metadata, as others read them.
