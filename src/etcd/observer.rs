@@ -22,7 +22,6 @@ use crate::backend::{Leader, Observer};
 /// `next` returns an error only when a read fails, i.e. the store cannot be reached.
 pub struct EtcdObserver {
     backend: EtcdBackend,
-    range: String,
     /// The holder as last read: its key and what it says.
     holder: Option<(Vec<u8>, Leader)>,
     follow: Follow,
@@ -35,7 +34,7 @@ pub struct EtcdObserver {
 impl std::fmt::Debug for EtcdObserver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdObserver")
-            .field("range", &self.range)
+            .field("range", &self.follow.range())
             .field("holder", &self.holder.as_ref().map(|(_, leader)| leader))
             .finish_non_exhaustive()
     }
@@ -43,12 +42,11 @@ impl std::fmt::Debug for EtcdObserver {
 
 impl EtcdObserver {
     pub(super) async fn start(backend: EtcdBackend, election: &str) -> Result<EtcdObserver> {
-        let range = backend.election_range(election);
-        // Before the first read, so that no change after it is missed.
-        let follow = Follow::new(&backend, &range);
+        // Before the first read, so that no change after it is missed. The view keeps the
+        // range's name (one copy per range in the process).
+        let follow = Follow::new(&backend, &backend.election_range(election));
         Ok(EtcdObserver {
             backend,
-            range,
             holder: None,
             follow,
             stale: true,
@@ -66,7 +64,7 @@ impl EtcdObserver {
         if let Some(known) = self.follow.known() {
             self.holder = known.holder;
         } else {
-            let (revision, kv) = self.backend.read_holder(&self.range).await?;
+            let (revision, kv) = self.backend.read_holder(&self.follow.range()).await?;
             self.follow.learn(revision, kv.as_ref());
             self.holder = kv
                 .as_ref()
