@@ -63,7 +63,7 @@ pub struct EtcdContender {
     writing: Unabandoned<Result<Option<(TxnResponse, i64)>>>,
     /// The view of the election's range on the backend's watch, from before the first read of
     /// the range until the release: while following, of the deletes of our predecessor and of
-    /// our own key; while leading, of every change.
+    /// our own key; while leading, of what can end the hold ([`Interest::Held`]).
     follow: Option<Follow>,
     /// While following: whom we wait for.
     waiting: Option<Waiting>,
