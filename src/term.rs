@@ -58,7 +58,6 @@ struct Inner {
 
 /// The election a term is of: its settings, shared with its campaign (the name without a
 /// copy of its own: a process may hold 100,000 terms).
-#[derive(Clone)]
 pub(crate) struct ElectionConfig(pub(crate) Arc<Config>);
 
 impl std::fmt::Debug for ElectionConfig {

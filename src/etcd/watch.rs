@@ -110,9 +110,7 @@ impl Holding {
         let known = match self {
             Holding::Unknown => return Holding::Unknown,
             Holding::Empty(at) if change.mod_revision <= at => return self,
-            Holding::Empty(at) if change.deleted => {
-                return Holding::Empty(change.mod_revision.max(at));
-            }
+            Holding::Empty(_) if change.deleted => return Holding::Empty(change.mod_revision),
             Holding::Empty(at) => Box::new(Known {
                 holder: None,
                 at,
@@ -855,6 +853,11 @@ mod tests {
         (view, wakes)
     }
 
+    /// Lets `wakes` count the next wake of `view` too (a wake takes the waker).
+    fn rearm(view: &SharedView, wakes: &Arc<Wakes>) {
+        lock(view).waker = Some(std::task::Waker::from(wakes.clone()));
+    }
+
     /// A watch event of `key`, at `revision`.
     fn delivered(key: &str, deleted: bool, revision: i64) -> Delivered<'_> {
         Delivered {
@@ -887,7 +890,7 @@ mod tests {
         );
         assert!(lock(&follower).changes.is_empty());
         for (view, wakes) in [(&follower, &follower_wakes), (&leader, &leader_wakes)] {
-            lock(view).waker = Some(std::task::Waker::from(wakes.clone()));
+            rearm(view, wakes);
         }
         hub.deliver_changes([delivered("e@b", true, 12)].into_iter());
         assert_eq!(
@@ -903,7 +906,6 @@ mod tests {
     fn an_observer_of_the_holder_wakes_only_for_what_can_change_the_holder() {
         let hub = shared("");
         let (observer, wakes) = waiting(&hub, "e@", Interest::Holder(Some(digest(b"e@a"))));
-        let rearm = || lock(&observer).waker = Some(std::task::Waker::from(wakes.clone()));
         hub.deliver_changes([delivered("e@c", false, 11), delivered("e@b", true, 12)].into_iter());
         assert_eq!(
             wakes.count(),
@@ -917,7 +919,7 @@ mod tests {
             1,
             "the holder's key written again (a proclaim)"
         );
-        rearm();
+        rearm(&observer, &wakes);
         hub.deliver_changes([delivered("e@a", true, 14)].into_iter());
         assert_eq!(wakes.count(), 2, "the holder's delete");
         assert_eq!(lock(&observer).changes.len(), 2);
@@ -949,7 +951,6 @@ mod tests {
                 created: 10,
             },
         );
-        let rearm = || lock(&leader).waker = Some(std::task::Waker::from(wakes.clone()));
         let mut proclaim = delivered("e@a", false, 12);
         proclaim.change.create_revision = 10;
         hub.deliver_changes(
@@ -973,7 +974,7 @@ mod tests {
             1,
             "a key created before its own is ahead of it"
         );
-        rearm();
+        rearm(&leader, &wakes);
         hub.deliver_changes([delivered("e@a", true, 15)].into_iter());
         assert_eq!(wakes.count(), 2, "its own key's delete");
         assert_eq!(lock(&leader).changes.len(), 2);
