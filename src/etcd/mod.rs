@@ -56,7 +56,10 @@
 //!   one watcher and one stream, and cost no request beyond their own writes and reads. A
 //!   watch that breaks resumes from just after the last revision it delivered, so nothing is
 //!   missed and nothing is read again; only when etcd compacted that history meanwhile does
-//!   every election read its range again. The cost: the process hears of every change under
+//!   every election read its range again. While none of its elections follows a range (none
+//!   has started, or all have stopped), the backend holds no watch, and resumes it the same
+//!   way when one starts: a process shutting thousands of elections down does not decode the
+//!   changes of the other processes shutting theirs down. The cost: the process hears of every change under
 //!   the prefix, also of elections it does not take part in, so give unrelated services their
 //!   own prefix ([`EtcdBuilder::prefix`]). At most [`MAX_REQUESTS_IN_FLIGHT`] other requests
 //!   are in flight at once; lease keep-alives never wait behind them. When every slot is busy

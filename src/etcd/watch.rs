@@ -17,6 +17,12 @@
 //! Only when etcd compacted the history the watch must resume from (a break longer than the
 //! cluster keeps history) does the hub start afresh from a new read of the store's revision,
 //! and every view tells its owner to read again ([`Seen::Gap`]).
+//!
+//! While no view follows a range, the hub holds no watch: it is paused, and resumes from just
+//! after the last revision it delivered when a view comes, as after a break. So a process
+//! whose elections have all stopped (a mass shutdown) neither decodes nor routes the changes
+//! of the others still stopping, and costs etcd no watcher; a view made while the watch was
+//! paused still gets every change after its owner's read, replayed by the resumed watch.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
@@ -27,7 +33,7 @@ use std::time::Duration;
 use etcd_client::{
     Client, Event, EventType, GetOptions, KeyValue, KvClient, WatchClient, WatchOptions,
 };
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use super::{EtcdBackend, SEPARATOR, error, leader_in, leader_of};
 use crate::backend::{Leader, lock};
@@ -58,6 +64,9 @@ struct Shared {
     prefix: Vec<u8>,
     /// The election ranges (`<prefix><election>@`) that views follow.
     ranges: Mutex<HashMap<Arc<[u8]>, Range>>,
+    /// Whether `ranges` has any: the watch is paused while it has none. Changed under the
+    /// lock of `ranges`.
+    followed: watch::Sender<bool>,
 }
 
 /// One election range that views follow.
@@ -275,15 +284,13 @@ pub(super) enum Seen {
 impl Hub {
     pub fn new(prefix: &str) -> Hub {
         Hub {
-            shared: Arc::new(Shared {
-                prefix: prefix.as_bytes().to_vec(),
-                ranges: Mutex::new(HashMap::new()),
-            }),
+            shared: Arc::new(Shared::new(prefix)),
             stop: Mutex::new(None),
         }
     }
 
-    /// Starts the watch from just after `revision`, a revision read before any view was made.
+    /// Starts the watch from just after `revision`, a revision read before any view was made
+    /// (paused until a view comes).
     pub fn start(&self, client: &Client, revision: i64, limit: Duration) {
         let (stop, stopped) = oneshot::channel();
         let watches = client
@@ -303,6 +310,14 @@ impl Hub {
 }
 
 impl Shared {
+    fn new(prefix: &str) -> Shared {
+        Shared {
+            prefix: prefix.as_bytes().to_vec(),
+            ranges: Mutex::new(HashMap::new()),
+            followed: watch::Sender::new(false),
+        }
+    }
+
     /// The election range that holds `key`, if any: `<prefix><election>@`.
     fn range_of<'k>(&self, key: &'k [u8]) -> Option<&'k [u8]> {
         let rest = key.strip_prefix(self.prefix.as_slice())?;
@@ -478,10 +493,21 @@ async fn run(
     mut stop: oneshot::Receiver<()>,
 ) {
     let mut retry = retries();
+    let mut followed = shared.followed.subscribe();
     loop {
+        // Paused while no view follows a range: resumed from just after `last` when one does.
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            _ = followed.wait_for(|followed| *followed) => {}
+        }
         let ended = tokio::select! {
             biased;
             _ = &mut stop => return,
+            _ = followed.wait_for(|followed| !*followed) => {
+                tracing::trace!(resume_at = last + 1, "no election follows a range; the watch pauses");
+                continue;
+            }
             ended = watch_from(&shared, &mut watches, &mut last, limit, &mut retry) => ended,
         };
         match ended {
@@ -637,6 +663,11 @@ impl Follow {
                 .or_default()
                 .views
                 .push(view.clone());
+            if ranges.len() == 1 {
+                shared
+                    .followed
+                    .send_if_modified(|followed| !std::mem::replace(followed, true));
+            }
             name
         };
         Follow {
@@ -741,6 +772,9 @@ impl Drop for Follow {
             range.views.retain(|view| !Arc::ptr_eq(view, &self.view));
             if range.views.is_empty() {
                 ranges.remove(&self.range);
+                if ranges.is_empty() {
+                    self.shared.followed.send_replace(false);
+                }
             }
         }
     }
@@ -759,16 +793,9 @@ pub(super) fn retries() -> Retries {
 mod tests {
     use super::*;
 
-    fn shared(prefix: &str) -> Shared {
-        Shared {
-            prefix: prefix.as_bytes().to_vec(),
-            ranges: Mutex::new(HashMap::new()),
-        }
-    }
-
     #[test]
     fn a_key_belongs_to_the_range_up_to_its_first_separator() {
-        let hub = shared("app@1/");
+        let hub = Shared::new("app@1/");
         assert_eq!(
             hub.range_of(b"app@1/jobs@7f.1"),
             Some(&b"app@1/jobs@"[..]),
@@ -776,7 +803,7 @@ mod tests {
         );
         assert_eq!(hub.range_of(b"app@1/jobs"), None);
         assert_eq!(hub.range_of(b"other/jobs@7f"), None);
-        assert_eq!(shared("").range_of(b"a/b@1"), Some(&b"a/b@"[..]));
+        assert_eq!(Shared::new("").range_of(b"a/b@1"), Some(&b"a/b@"[..]));
     }
 
     fn change(key: &str, deleted: bool, revision: i64) -> Change {
@@ -873,7 +900,7 @@ mod tests {
 
     #[test]
     fn only_a_view_with_news_wakes_its_owner() {
-        let hub = shared("");
+        let hub = Shared::new("");
         let (follower, follower_wakes) =
             waiting(&hub, "e@", Interest::Deletes(vec![b"e@b".to_vec()]));
         let (leader, leader_wakes) = waiting(&hub, "e@", Interest::Everything);
@@ -904,7 +931,7 @@ mod tests {
 
     #[test]
     fn an_observer_of_the_holder_wakes_only_for_what_can_change_the_holder() {
-        let hub = shared("");
+        let hub = Shared::new("");
         let (observer, wakes) = waiting(&hub, "e@", Interest::Holder(Some(digest(b"e@a"))));
         hub.deliver_changes([delivered("e@c", false, 11), delivered("e@b", true, 12)].into_iter());
         assert_eq!(
@@ -942,7 +969,7 @@ mod tests {
 
     #[test]
     fn a_leaders_view_wakes_only_for_what_can_end_its_hold() {
-        let hub = shared("");
+        let hub = Shared::new("");
         let (leader, wakes) = waiting(
             &hub,
             "e@",
@@ -982,7 +1009,7 @@ mod tests {
 
     #[test]
     fn a_view_emptied_by_its_owners_read_keeps_no_room_for_changes() {
-        let hub = shared("");
+        let hub = Shared::new("");
         let (view, _) = waiting(&hub, "e@", Interest::Everything);
         hub.deliver_changes([delivered("e@a", false, 11), delivered("e@a", false, 12)].into_iter());
         lock(&view).drop_changes(|change| change.mod_revision <= 11);
@@ -1001,7 +1028,7 @@ mod tests {
 
     #[test]
     fn every_view_of_a_range_gets_a_responses_changes_after_its_read_in_order() {
-        let hub = shared("");
+        let hub = Shared::new("");
         let (one, one_wakes) = waiting(&hub, "e@", Interest::Everything);
         let (two, two_wakes) = waiting(&hub, "f@", Interest::Everything);
         let (also_one, also_one_wakes) = waiting(&hub, "e@", Interest::Everything);

@@ -820,21 +820,18 @@ async fn leaders_and_followers(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_holds_one_watch_whatever_its_elections() {
+async fn a_backend_holds_one_watch_whatever_its_elections_and_none_without_any() {
     const ELECTIONS: usize = 10;
     let etcd = EtcdServer::single().await;
     let leaders = connect(&etcd.endpoints()).await;
     let followers = connect(&etcd.endpoints()).await;
-    wait_for_watches(
-        &etcd,
-        Watches {
-            streams: 2,
-            watchers: 2,
-        },
-        "a backend watches its prefix from the start",
-    )
-    .await;
-    let (leading, following) = leaders_and_followers(&leaders, &followers, "many", ELECTIONS).await;
+    let none = Watches {
+        streams: 0,
+        watchers: 0,
+    };
+    wait_for_watches(&etcd, none, "a backend without elections holds no watch").await;
+    let (mut leading, following) =
+        leaders_and_followers(&leaders, &followers, "many", ELECTIONS).await;
     // Leaders follow their range and the election's request lock, followers their
     // predecessor and (to report leader changes) the range: all on their backend's one watch.
     wait_for_watches(
@@ -850,6 +847,33 @@ async fn a_backend_holds_one_watch_whatever_its_elections() {
     for campaign in following {
         campaign.shutdown().await.expect("shutdown");
     }
+    wait_for_watches(
+        &etcd,
+        Watches {
+            streams: 1,
+            watchers: 1,
+        },
+        "a backend whose elections all stopped pauses its watch",
+    )
+    .await;
+
+    // A campaign on the paused backend resumes its watch, and hears of the leader's release
+    // through it: it leads next.
+    let mut next = election(&followers, "many/0", "f", TTL).campaign();
+    follows(&next).await;
+    wait_for_watches(
+        &etcd,
+        Watches {
+            streams: 2,
+            watchers: 2,
+        },
+        "a campaign resumes its backend's watch",
+    )
+    .await;
+    leading.remove(0).shutdown().await.expect("shutdown");
+    elected(&mut next, PATIENCE).await;
+    next.shutdown().await.expect("shutdown");
+
     drop(followers);
     wait_for_watches(
         &etcd,
