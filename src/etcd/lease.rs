@@ -3,6 +3,7 @@
 //! import each other.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +34,11 @@ pub(super) struct Lease {
     pub leavers: Mutex<Leavers>,
     /// Where a revoke of the lease for its leavers is.
     pub revoke: watch::Sender<Revoke>,
+    /// A revoke for the leavers was started ([`Leavers::revoking`], readable without its
+    /// lock): the lease is shared no more, so neither its `keys` nor its `leavers` need
+    /// keeping, and the campaigns tearing down at once (thousands, on two cores) do not
+    /// queue for those two locks to update them.
+    pub retired: AtomicBool,
 }
 
 /// A revoke of the lease for its leavers ([`Lease::leaving`]).
@@ -80,6 +86,9 @@ impl Lease {
 
     /// The handle `id` left the lease (closed or dropped).
     pub fn parted(self: &Arc<Self>, id: u64) {
+        if self.retired.load(Ordering::Acquire) {
+            return;
+        }
         self.change_leavers(|leavers| {
             leavers.handles = leavers.handles.saturating_sub(1);
             leavers.leaving.remove(&id);
@@ -105,6 +114,9 @@ impl Lease {
             change(&mut leavers);
             leavers.revoke_now()
         };
+        if revoke {
+            self.retired.store(true, Ordering::Release);
+        }
         if revoke {
             self.revoke_for_leavers();
         }
@@ -185,6 +197,9 @@ pub(super) async fn revoke(backend: &EtcdBackend, id: i64) -> Result<()> {
 
 /// Gives a contender's key back to its lease when the contender is dropped.
 pub(super) fn free_key(lease: &Lease, key: &str) {
+    if lease.retired.load(Ordering::Acquire) {
+        return;
+    }
     lock(&lease.keys).remove(&key_hash(key));
 }
 

@@ -214,6 +214,7 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
         health_tx,
         keys: Mutex::new(HashSet::new()),
         leavers: Mutex::default(),
+        retired: std::sync::atomic::AtomicBool::new(false),
         revoke: watch::Sender::new(Revoke::No),
     })
 }
