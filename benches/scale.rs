@@ -16,8 +16,9 @@
 //!   allocations per election.
 //! - `etcd-followers`: `--processes` backends (each its own connection, identity and lease,
 //!   as separate processes would have) contend for the same `--count` elections; how
-//!   leadership spreads, etcd's write rate and watch count while settled and during a rolling
-//!   restart of the backends.
+//!   leadership spreads, the live heap per campaign once settled (leaders and followers
+//!   together), etcd's write rate and watch count while settled and during a rolling restart
+//!   of the backends.
 //! - `consul-followers`: two backends contend for `--count` Consul elections: the blocking
 //!   queries open on the agent (TCP connections from this process) while settled.
 //!
@@ -676,6 +677,7 @@ async fn etcd_followers(args: &Args) {
             .collect()
     };
     let mut procs = Vec::new();
+    let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
     let start = Instant::now();
     for id in 0..p {
         procs.push(start_one(etcd_connect(&endpoints).await, id));
@@ -690,6 +692,11 @@ async fn etcd_followers(args: &Args) {
     );
     print_cpu_since("settled", cpu_at_start);
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let heap_per = (LIVE_BYTES.load(Ordering::Relaxed) - heap_before) as f64 / (p * e) as f64;
+    println!(
+        "  settled: live heap {heap_per:.0} B per campaign, leaders and followers together \
+         (and the backends' connections)"
+    );
     print_etcd_gauges(addr).await;
     let window = |from: &BTreeMap<String, f64>, to: &BTreeMap<String, f64>, secs: f64| {
         let d = diff(from, to);
