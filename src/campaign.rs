@@ -1497,7 +1497,7 @@ impl<B: Backend> Engine<B> {
             let _ = within_term(
                 health,
                 self.config.renew_deadline,
-                contender.proclaim(&office.leader().refusing(request, &error.to_string())),
+                pin!(contender.proclaim(&office.leader().refusing(request, &error.to_string()))),
             )
             .await;
         }
@@ -1524,19 +1524,23 @@ impl<B: Backend> Engine<B> {
         within_term(
             health,
             deadline,
-            unless_lost(contender, switchover::check_live(&backend, &name, &to)),
+            pin!(unless_lost(
+                contender,
+                switchover::check_live(&backend, &name, &to)
+            )),
         )
         .await??;
         let style = self.backend.info().hand_over;
         if style != HandOverStyle::Escrow {
             let named = office.leader().handing_over_to(&to, window);
-            within_term(health, deadline, contender.proclaim(&named)).await?;
+            within_term(health, deadline, pin!(contender.proclaim(&named))).await?;
             if style == HandOverStyle::Line {
                 // Bounded by the renew deadline: the term stays trusted meanwhile.
                 let until = Instant::now() + deadline;
                 let clearing =
                     async { Ok(switchover::line_clear(&backend, &name, &to, until).await) };
-                let clear = within_term(health, deadline, unless_lost(contender, clearing)).await;
+                let clear =
+                    within_term(health, deadline, pin!(unless_lost(contender, clearing))).await;
                 let refusal = match clear {
                     Ok(Err(NotReady::Lost(loss))) => return Err(NotReady::Lost(loss)),
                     Ok(Err(NotReady::Refused(error))) => Some(error),
@@ -1560,7 +1564,8 @@ impl<B: Backend> Engine<B> {
                 if let Some(error) = refusal {
                     // The term goes on: the value names nobody again.
                     let _ =
-                        within_term(health, deadline, contender.proclaim(office.leader())).await;
+                        within_term(health, deadline, pin!(contender.proclaim(office.leader())))
+                            .await;
                     return Err(NotReady::Refused(error));
                 }
             }
@@ -1677,7 +1682,7 @@ impl<B: Backend> Engine<B> {
             && within_term(
                 health,
                 self.config.renew_deadline,
-                contender.proclaim(&leader.handing_over_to(&to, window)),
+                pin!(contender.proclaim(&leader.handing_over_to(&to, window))),
             )
             .await
             .is_ok();
@@ -1985,7 +1990,7 @@ impl<B: Backend> Engine<B> {
         within_term(
             health,
             self.config.renew_deadline,
-            contender.proclaim(&proclaimed),
+            pin!(contender.proclaim(&proclaimed)),
         )
         .await?;
         Arc::make_mut(&mut self.config).candidate = proclaimed.candidate.clone();
@@ -2133,13 +2138,13 @@ fn span_info(span: &tracing::Span, message: &str) {
 }
 
 /// Runs `work` while the term can be trusted: `Err(NotLeader)` as soon as the session is
-/// lost or no renewal was confirmed within `renew_deadline`, abandoning `work`.
-async fn within_term<T>(
+/// lost or no renewal was confirmed within `renew_deadline`, abandoning `work`. Pinned by
+/// the caller, as for [`Inbox::unless_interrupted`], so that it is held once.
+async fn within_term<T, F: Future<Output = Result<T>>>(
     health: &mut watch::Receiver<SessionHealth>,
     renew_deadline: Duration,
-    work: impl Future<Output = Result<T>>,
+    mut work: Pin<&mut F>,
 ) -> Result<T> {
-    tokio::pin!(work);
     loop {
         let deadline = {
             let h = health.borrow_and_update();
@@ -2154,7 +2159,7 @@ async fn within_term<T>(
                 return Err(Error::NotLeader);
             },
             () = sleep_until(deadline) => return Err(Error::NotLeader),
-            done = &mut work => return done,
+            done = work.as_mut() => return done,
         }
     }
 }
