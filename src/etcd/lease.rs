@@ -116,8 +116,6 @@ impl Lease {
         };
         if revoke {
             self.retired.store(true, Ordering::Release);
-        }
-        if revoke {
             self.revoke_for_leavers();
         }
     }

@@ -59,12 +59,13 @@
 //!   every election read its range again. While none of its elections follows a range (none
 //!   has started, or all have stopped), the backend holds no watch, and resumes it the same
 //!   way when one starts: a process shutting thousands of elections down does not decode the
-//!   changes of the other processes shutting theirs down. The cost: the process hears of every change under
-//!   the prefix, also of elections it does not take part in, so give unrelated services their
-//!   own prefix ([`EtcdBuilder::prefix`]). At most [`MAX_REQUESTS_IN_FLIGHT`] other requests
-//!   are in flight at once; lease keep-alives never wait behind them. When every slot is busy
-//!   (thousands of elections starting or stopping together), waiting writes go out together
-//!   as the nested transactions of one, at most one per election in each.
+//!   changes of the other processes shutting theirs down. The cost: the process hears of
+//!   every change under the prefix, also of elections it does not take part in, so give
+//!   unrelated services their own prefix ([`EtcdBuilder::prefix`]). At most
+//!   [`MAX_REQUESTS_IN_FLIGHT`] other requests are in flight at once; lease keep-alives never
+//!   wait behind them. When every slot is busy (thousands of elections starting or stopping
+//!   together), waiting writes go out together as the nested transactions of one, at most
+//!   one per election in each.
 //! - **One request per candidate to start.** A candidate's first write is one transaction
 //!   that also reads who holds the election, the key just before its own, and who holds the
 //!   election's request lock (hand-over requests). The process keeps both holders current from

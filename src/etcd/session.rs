@@ -214,7 +214,7 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
         health_tx,
         keys: Mutex::new(HashSet::new()),
         leavers: Mutex::default(),
-        retired: std::sync::atomic::AtomicBool::new(false),
+        retired: Default::default(),
         revoke: watch::Sender::new(Revoke::No),
     })
 }
