@@ -127,13 +127,14 @@ async fn idle(connect_string: &str, admin: SocketAddr) {
     let rate = after.saturating_sub(before) as f64 / secs;
     println!(
         "idle, 1 leader + 9 followers, {IDLE_CANDIDATES} backends (one per process, each with \
-         a campaign session and an observer session), session timeout {TTL:?}: {rate:.2} \
+         one session, which its observers read through), session timeout {TTL:?}: {rate:.2} \
          packets/s received by the server, {:.2}/s per process; this process {:.2} ms CPU/s{}",
         rate / IDLE_CANDIDATES as f64,
         cpu.as_secs_f64() * 1e3 / secs,
         common::bracket(&format!(
-            "no polling: per process, the renewal every ttl/3 ({:.2}/s) and the client's \
-             pings of two sessions",
+            "no polling: per process, the renewal every ttl/3 (a sync and an exists, {:.2}/s) \
+             and the client's ping between two renewals ({:.2}/s)",
+            6.0 / TTL.as_secs_f64(),
             3.0 / TTL.as_secs_f64()
         ))
     );

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use zookeeper_client as zk;
+use super::client as zk;
 
 use super::{NAME, Settings, ZookeeperBackend, from_client};
 use crate::secret::redact;
@@ -156,11 +156,7 @@ impl ZookeeperBuilder {
             connect_timeout: self.connect_timeout,
             request_timeout: self.request_timeout,
         };
-        let acls = match settings.auth {
-            Some(_) => zk::Acls::creator_all(),
-            None => zk::Acls::anyone_all(),
-        };
-        let reader = open_client(&settings, READER_SESSION_TIMEOUT, acls).await?;
+        let reader = open_client(&settings, READER_SESSION_TIMEOUT, acl_of(&settings)).await?;
         let probe = tokio::time::timeout(settings.request_timeout, reader.check_stat("/")).await;
         match probe {
             Ok(Ok(_)) => {}
@@ -223,11 +219,11 @@ pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<Stri
 pub(super) async fn open_client(
     settings: &Settings,
     timeout: Duration,
-    acls: zk::Acls<'static>,
+    acl: zk::Acl,
 ) -> Result<zk::Client> {
-    let mut connector = zk::Client::connector().with_session_timeout(timeout);
+    let mut connector = zk::Connector::new(timeout);
     if let Some(auth) = &settings.auth {
-        connector = connector.with_auth("digest", &auth.auth());
+        connector = connector.with_digest(auth.auth());
     }
     let connected = tokio::time::timeout(
         settings.connect_timeout,
@@ -245,17 +241,20 @@ pub(super) async fn open_client(
     let Some(chroot) = &settings.chroot else {
         return Ok(client);
     };
-    let options = zk::CreateMode::Persistent.with_acls(acls);
-    let created = tokio::time::timeout(settings.request_timeout, client.mkdir(chroot, &options))
+    let created = tokio::time::timeout(settings.request_timeout, client.mkdir(chroot, acl))
         .await
         .map_err(|_| unavailable("creating the chroot timed out"))?;
     created.map_err(|e| from_client(e, "creating the chroot"))?;
-    client.chroot(chroot.as_str()).map_err(|_| {
-        invalid(format!(
-            "chroot {:?}: not a valid node path",
-            redact(chroot)
-        ))
-    })
+    Ok(client.chroot(chroot))
+}
+
+/// The ACL of the nodes a backend creates: its user's alone with credentials, anyone's
+/// without.
+pub(super) fn acl_of(settings: &Settings) -> zk::Acl {
+    match settings.auth {
+        Some(_) => zk::Acl::CreatorAll,
+        None => zk::Acl::Open,
+    }
 }
 
 #[cfg(test)]

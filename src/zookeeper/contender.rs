@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use zookeeper_client as zk;
+use super::client as zk;
 
 use super::shared::Zk;
 use super::{ZookeeperBackend, from_client, leader_of, store, token_of};
@@ -198,14 +198,14 @@ impl ZookeeperContender {
         // must not read its campaign's start as its term's.
         self.since = None;
         let data = self.value(None);
-        let acls = self.backend().acls();
-        let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
+        let acl = self.backend().acls();
+        let mode = zk::CreateMode::EphemeralSequential;
         let node_prefix = format!("{}/{}", self.path, self.prefix);
         let mut created = self
             .backend()
             .request(
                 "creating the candidate node",
-                client.create(&node_prefix, &data, &options),
+                client.create(&node_prefix, &data, mode, acl),
             )
             .await;
         if created == Err(zk::Error::NoNode) {
@@ -214,14 +214,23 @@ impl ZookeeperContender {
                 .backend()
                 .request(
                     "creating the candidate node",
-                    client.create(&node_prefix, &data, &options),
+                    client.create(&node_prefix, &data, mode, acl),
                 )
                 .await;
         }
-        let (stat, sequence) =
-            created.map_err(|e| from_client(e, "creating the candidate node"))?;
+        let (created, stat) = created.map_err(|e| from_client(e, "creating the candidate node"))?;
+        // The server names the node: it must be ours, under the election's node.
+        let name = created
+            .strip_prefix(&node_prefix)
+            .filter(|sequence| !sequence.is_empty() && sequence.bytes().all(|b| b.is_ascii_digit()))
+            .map(|sequence| format!("{}{sequence}", self.prefix))
+            .ok_or_else(|| {
+                store(format!(
+                    "ZooKeeper named the created candidate node {created:?}, not                      {node_prefix}<sequence>"
+                ))
+            })?;
         self.node = Some(Node {
-            name: format!("{}{sequence}", self.prefix),
+            name,
             czxid: stat.czxid,
         });
         Ok(())

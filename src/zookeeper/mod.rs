@@ -35,13 +35,13 @@
 //!   by [`ZookeeperSession::negotiated_timeout`]. Elections on the same
 //!   [`ZookeeperBackend`] with equal session settings share one ZooKeeper session, closed
 //!   when the last of them closes its session, which deletes all their nodes at once.
-//! - **Renewals.** The client pings the server by itself, but a ping's answer cannot be
-//!   tied to when it was sent from outside the client. So the crate's keep-alive loop sends
-//!   its own cheap requests every renew interval: a `sync` of the root, and right behind it,
-//!   pipelined, an `exists` on the root. The client sends a request the moment it is called,
-//!   so the server heard from the session no earlier than that; both answers confirm the
-//!   renewal with that send time. See [below](#why-renewals-sync) for why a read alone would
-//!   not do.
+//! - **Renewals.** The client pings the server by itself when idle, but a ping's answer
+//!   says nothing of when the session was last heard of by the ensemble's leader. So the
+//!   crate's keep-alive loop sends its own cheap requests every renew interval: a `sync` of
+//!   the root, and right behind it, pipelined, an `exists` on the root. The client hands a
+//!   request to its connection the moment it is called, so the server heard from the session
+//!   no earlier than that; both answers confirm the renewal with that send time. See
+//!   [below](#why-renewals-sync) for why a read alone would not do.
 //! - **Candidates are ephemeral sequential nodes** named `@<session id>-<slot>-<sequence>`
 //!   under `<prefix>/<election>` (a persistent node created on first use). Their data is the
 //!   candidate's [`Leader`] value, so observers read who leads. The lowest sequence leads.
@@ -105,8 +105,8 @@
 //! What remains is a window of half a tick: the leader learns of the session's activity at
 //! the follower with the follower's next ping answer, so a follower cut off right after the
 //! `sync` was answered leaves the leader counting from the session's previous activity: the
-//! previous renewal, or the client's own ping, which it sends after 3/20 of the session
-//! timeout without a request (so at most about a fifth of it earlier). The margin between the
+//! previous renewal, or the client's own ping, which it sends after 7/40 of the session
+//! timeout without a request (so at most that much earlier). The margin between the
 //! renew deadline and the ttl, a third of the ttl by default, covers that gap plus half a
 //! tick whenever the ttl is four ticks or more; a renew deadline closer to the ttl (at most
 //! four fifths of it) narrows the margin. The price is one round trip to the leader per
@@ -134,13 +134,20 @@
 //! `/incumbent`) and timeouts. With credentials, nodes are created with the `CREATOR_ALL`
 //! ACL (only that user can read or change them); without, with `OPEN_ACL_UNSAFE`.
 //!
-//! # Why `zookeeper-client`
+//! # The client
 //!
-//! It is tokio-native, keeps one session across reconnects, gives one-shot watches as
-//! futures, and sends each request when it is called (so the send time of a renewal is
-//! known). The older `zookeeper` crate is thread-based and callback-driven.
+//! The backend speaks ZooKeeper's protocol through a client of its own, on tokio: one TCP
+//! connection and one task per session, which wakes only for a request, an answer, a ping
+//! due (7/40 of the session timeout after the last send) or a connection gone silent (half
+//! the session timeout). It keeps the session across reconnects (the next server of the
+//! connect string, with the session's id and password, the last transaction it saw, the
+//! credentials, and its watches set again with `SetWatches`), sends each request when it is
+//! called, and checks every length and path the server sends back. Until 2026-11-28 it was
+//! the `zookeeper-client` crate, whose I/O and timers ran on a thread of their own and woke
+//! both threads every twentieth of the session timeout: twice the idle CPU of kazoo.
 
 mod builder;
+mod client;
 mod contender;
 mod observer;
 mod session;
@@ -151,11 +158,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use zookeeper_client as zk;
+use client as zk;
 
 pub use builder::{
     AUTH_ENV, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_REQUEST_TIMEOUT, ZookeeperBuilder,
 };
+pub use client::SessionHandle;
 pub use contender::ZookeeperContender;
 pub use observer::ZookeeperObserver;
 pub use session::ZookeeperSession;
@@ -262,11 +270,10 @@ impl ZookeeperBackend {
             .collect()
     }
 
-    /// The ZooKeeper sessions this backend keeps open, as the client library describes them
-    /// (id and password; the password is not shown by `Debug`). Another client can attach to
-    /// such a session with `zookeeper_client::Connector::with_session`, e.g. to close it as an
-    /// operator would, or in tests to make it expire. Treat it as a credential.
-    pub fn session_handles(&self) -> Vec<zk::SessionInfo> {
+    /// The ZooKeeper sessions this backend keeps open: id and password (the password is not
+    /// shown by `Debug`). Another client can attach to such a session with them, e.g. to close
+    /// it as an operator would, or in tests to make it expire. Treat them as credentials.
+    pub fn session_handles(&self) -> Vec<SessionHandle> {
         self.inner
             .sessions
             .sessions()
@@ -285,11 +292,8 @@ impl ZookeeperBackend {
         }
     }
 
-    fn acls(&self) -> zk::Acls<'static> {
-        match self.inner.settings.auth {
-            Some(_) => zk::Acls::creator_all(),
-            None => zk::Acls::anyone_all(),
-        }
+    fn acls(&self) -> zk::Acl {
+        builder::acl_of(&self.inner.settings)
     }
 
     /// Connects a client with `timeout` as its session timeout, authenticated and rooted at
@@ -351,11 +355,12 @@ impl ZookeeperBackend {
 
     /// Creates the election's node (and its parents) if missing.
     async fn ensure_election(&self, client: &zk::Client, path: &str) -> Result<()> {
-        let acls = self.acls();
-        let options = zk::CreateMode::Persistent.with_acls(acls);
-        self.request("creating the election's node", client.mkdir(path, &options))
-            .await
-            .map_err(|e| from_client(e, "creating the election's node"))
+        self.request(
+            "creating the election's node",
+            client.mkdir(path, self.acls()),
+        )
+        .await
+        .map_err(|e| from_client(e, "creating the election's node"))
     }
 
     /// Reads the candidates of an election, lowest sequence first. A missing election node
@@ -469,7 +474,6 @@ fn from_client(error: zk::Error, what: &str) -> Error {
         },
         E::ConnectionLoss
         | E::Timeout
-        | E::NoHosts
         | E::SessionExpired
         | E::SessionMoved
         | E::Throttled

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use zookeeper_client as zk;
+use super::client as zk;
 
 use super::{Holder, ZookeeperBackend, from_client};
 use crate::Result;

@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::client as zk;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use zookeeper_client as zk;
 
 use super::contender::ZookeeperContender;
 use super::shared::{ClientSlot, Zk};
@@ -86,7 +86,7 @@ async fn connect(backend: &ZookeeperBackend, options: &SessionOptions) -> Result
     let sent = Instant::now();
     let client = backend.client(options.ttl).await?;
     let negotiated = client.session_timeout();
-    let id = client.session_id().0;
+    let id = client.session_id();
     let info = client.session().clone();
     if negotiated < options.ttl {
         return Err(Error::InvalidTiming {

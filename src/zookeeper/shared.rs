@@ -6,8 +6,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::client as zk;
 use tokio::sync::watch;
-use zookeeper_client as zk;
 
 use super::{NAME, ZookeeperBackend};
 use crate::backend::SessionHealth;
@@ -25,7 +25,7 @@ pub(super) struct Zk {
     pub backend: ZookeeperBackend,
     pub id: i64,
     /// The session's id and password, to re-attach to it.
-    pub info: zk::SessionInfo,
+    pub info: zk::SessionHandle,
     pub client: ClientSlot,
     pub negotiated: Duration,
     pub keepalive: KeepAlive,

@@ -12,7 +12,7 @@ use crate::support::{Proxy, ZookeeperServer};
 use incumbent::backend::{
     Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
 };
-use incumbent::zookeeper::ZookeeperBackend;
+use incumbent::zookeeper::{SessionHandle, ZookeeperBackend};
 use incumbent::{DemotionReason, Election, Error};
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;
@@ -62,6 +62,60 @@ async fn operator(server: &ZookeeperServer) -> zk::Client {
     zk::Client::connect(&server.connect_string())
         .await
         .expect("operator client")
+}
+
+/// Attaches to a session with its id and password on a connection of its own and closes it,
+/// as an operator's client can: ZooKeeper's frames written out here, so that neither this
+/// crate's client nor the one `operator` uses is involved.
+async fn close_session(server: &str, handle: &SessionHandle) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn frame(stream: &mut tokio::net::TcpStream, body: &[u8]) -> Vec<u8> {
+        let length = i32::try_from(body.len()).expect("short");
+        stream
+            .write_all(&length.to_be_bytes())
+            .await
+            .expect("write");
+        stream.write_all(body).await.expect("write");
+        let mut length = [0; 4];
+        stream.read_exact(&mut length).await.expect("an answer");
+        let mut answer = vec![0; usize::try_from(i32::from_be_bytes(length)).expect("length")];
+        stream.read_exact(&mut answer).await.expect("an answer");
+        answer
+    }
+
+    let mut stream = tokio::net::TcpStream::connect(server)
+        .await
+        .expect("connect");
+    // ConnectRequest: protocol version, last zxid seen, timeout (ms), session id, password,
+    // read-only.
+    let mut connect = Vec::new();
+    connect.extend(0i32.to_be_bytes());
+    connect.extend(0i64.to_be_bytes());
+    connect.extend(30_000i32.to_be_bytes());
+    connect.extend(handle.id().to_be_bytes());
+    connect.extend(
+        i32::try_from(handle.password().len())
+            .expect("short")
+            .to_be_bytes(),
+    );
+    connect.extend(handle.password());
+    connect.push(0);
+    let accepted = frame(&mut stream, &connect).await;
+    let timeout_ms = i32::from_be_bytes(accepted[4..8].try_into().expect("4 bytes"));
+    let id = i64::from_be_bytes(accepted[8..16].try_into().expect("8 bytes"));
+    assert!(
+        timeout_ms > 0 && id == handle.id(),
+        "attached to the session"
+    );
+    // closeSession: xid 1, type -11; the answer's header: xid, zxid, err.
+    let mut close = Vec::new();
+    close.extend(1i32.to_be_bytes());
+    close.extend((-11i32).to_be_bytes());
+    let answer = frame(&mut stream, &close).await;
+    let xid = i32::from_be_bytes(answer[..4].try_into().expect("4 bytes"));
+    let err = i32::from_be_bytes(answer[12..16].try_into().expect("4 bytes"));
+    assert_eq!((xid, err), (1, 0), "the close is answered");
 }
 
 /// The children of `path`, sorted.
@@ -137,6 +191,58 @@ async fn a_hand_off_wakes_only_the_successor() {
     c_wait.abort();
 }
 
+/// A follower whose connection broke while its predecessor left is woken when it reconnects:
+/// the server forgot the connection's watches with it, and the client sets them again
+/// (`SetWatches`, from the last transaction it saw), so the delete it missed fires at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_away_while_the_leader_left_is_woken_when_it_reconnects() {
+    let server = ZookeeperServer::single().await;
+    let proxy = Proxy::start(server.client_addr());
+    let a_backend = connect(&server.connect_string()).await;
+    let b_backend = connect(&proxy.addr().to_string()).await;
+    let a_session = a_backend
+        .open_session(&options(TTL))
+        .await
+        .expect("a's session");
+    let b_session = b_backend
+        .open_session(&options(TTL))
+        .await
+        .expect("b's session");
+    let mut a = a_session
+        .contend("away", &candidate("a"))
+        .await
+        .expect("contend");
+    let mut b = b_session
+        .contend("away", &candidate("b"))
+        .await
+        .expect("contend");
+    let a_token = token(&mut a).await;
+    assert!(matches!(
+        b.acquire().await.expect("acquire"),
+        Attempt::Held { .. }
+    ));
+    let b_wait = tokio::spawn(async move {
+        b.wait().await.expect("b waits");
+        b
+    });
+    sleep(Duration::from_millis(100)).await;
+    // b's connection is cut (the server drops its watches with it), and b cannot reach the
+    // server again until a has left.
+    proxy.blackhole(true);
+    proxy.reset_all();
+    a.release().await.expect("a leaves");
+    sleep(Duration::from_millis(100)).await;
+    assert!(!b_wait.is_finished(), "b cannot have heard of it yet");
+    proxy.blackhole(false);
+    let mut b = timeout(PATIENCE, b_wait)
+        .await
+        .expect("b is woken once it reconnects")
+        .expect("b's task");
+    let b_token = token(&mut b).await;
+    assert!(b_token > a_token, "tokens grow: {a_token} then {b_token}");
+    drop(a_session);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_closed_by_another_client_demotes_with_session_expired() {
     let server = ZookeeperServer::single().await;
@@ -151,18 +257,12 @@ async fn a_session_closed_by_another_client_demotes_with_session_expired() {
     // shorter than the renew deadline, so that it does not attach to the session again in
     // between.
     proxy.blackhole(true);
-    let takeover = zk::Client::connector()
-        .with_session(handle)
-        .connect(&server.connect_string())
-        .await
-        .expect("attach to the leader's session");
-    let mut state = takeover.state_watcher();
-    drop(takeover);
-    timeout(PATIENCE, async {
-        while !state.changed().await.is_terminated() {}
-    })
+    timeout(
+        PATIENCE,
+        close_session(&server.client_addr().to_string(), &handle),
+    )
     .await
-    .expect("the session is closed");
+    .expect("the session is closed in time");
     proxy.blackhole(false);
     assert_eq!(
         demoted(&mut campaign, PATIENCE).await,
