@@ -160,6 +160,8 @@ const MIN_ATTEMPT: Duration = Duration::from_secs(1);
 /// [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The most room a connection's read buffer keeps once what it held was taken.
+const KEPT_BUFFER: usize = 64 << 10;
 /// How much of `SetWatches` goes in one frame (ZooKeeper refuses frames over 1 MiB).
 const SET_WATCHES_CHUNK: usize = 128 << 10;
 
@@ -997,6 +999,11 @@ impl Session {
             ended = self.take_frame(frame)?;
         }
         buf.drain(..at);
+        // A large answer (a long list of children) does not keep its room for the session's
+        // life.
+        if buf.capacity() > KEPT_BUFFER && buf.len() <= KEPT_BUFFER / 2 {
+            buf.shrink_to(KEPT_BUFFER);
+        }
         Ok(ended)
     }
 
