@@ -200,6 +200,18 @@ pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<Stri
             "put credentials in INCUMBENT_ZK_AUTH or digest_auth(), not in the connect string",
         ));
     }
+    let has_port = |server: &str| {
+        server.trim().rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|port| port > 0)
+        })
+    };
+    if let Some(server) = servers.split(',').find(|server| !has_port(server)) {
+        return Err(invalid(format!(
+            "server {:?} in the connect string: use host:port (ZooKeeper's client port, \
+             2181 by default)",
+            redact(server)
+        )));
+    }
     let chroot = chroot
         .map(|c| c.trim_end_matches('/'))
         .filter(|c| !c.is_empty());
@@ -273,6 +285,11 @@ mod tests {
         assert_eq!(split(""), None);
         assert_eq!(split("a:1,,b:2"), None);
         assert_eq!(split("u:p@a:1"), None);
+        assert_eq!(split("a"), None);
+        assert_eq!(split("a:1,b"), None);
+        assert_eq!(split("a:http"), None);
+        assert_eq!(split(":2181"), None);
+        assert_eq!(split("[::1]:2181"), Some(("[::1]:2181".into(), None)));
     }
 
     #[test]

@@ -1328,6 +1328,73 @@ mod tests {
         assert_eq!(client.sync("/").await, Err(Error::SessionExpired));
     }
 
+    /// A session with `pending` requests outstanding, as its task holds it.
+    fn session_with(pending: usize) -> (Session, Vec<Answer>) {
+        let mut session = Session {
+            servers: vec!["127.0.0.1:1".to_owned()],
+            next_server: 0,
+            auth: None,
+            asked_ms: 3000,
+            timeout: Duration::from_secs(3),
+            id: 1,
+            password: Vec::new(),
+            last_zxid: 0,
+            xid: 0,
+            pending: VecDeque::new(),
+            queued: VecDeque::new(),
+            watches: HashMap::new(),
+            state: watch::Sender::new(SessionState::SyncConnected),
+        };
+        let answers = (0..pending)
+            .map(|_| {
+                let (reply, answer) = oneshot::channel();
+                let xid = session.next_xid();
+                let (event, _) = oneshot::channel();
+                session.pending.push_back(Pending {
+                    xid,
+                    reply,
+                    watch: Some(WatchRequest {
+                        path: "/a".to_owned(),
+                        kind: WatchKind::Exists,
+                        event,
+                    }),
+                });
+                answer
+            })
+            .collect();
+        (session, answers)
+    }
+
+    #[test]
+    fn random_bytes_from_a_server_never_panic() {
+        let mut rng = fastrand::Rng::with_seed(27);
+        for _ in 0..20_000 {
+            let (mut session, _answers) = session_with(3);
+            // Frames whose declared lengths are mostly plausible, with random fields: a
+            // header of a known id now and then, so that bodies get read too.
+            let mut buf = Vec::new();
+            for _ in 0..rng.usize(1..4) {
+                let body_len = rng.usize(0..96);
+                let mut body: Vec<u8> = (0..body_len).map(|_| rng.u8(..)).collect();
+                if body.len() >= 4 && rng.bool() {
+                    let xid = [1, 2, -1, -2, -4, -8][rng.usize(..6)];
+                    body[..4].copy_from_slice(&i32::to_be_bytes(xid));
+                }
+                if body.len() >= 16 && rng.bool() {
+                    body[12..16].copy_from_slice(&0i32.to_be_bytes());
+                }
+                let declared = if rng.u8(..) < 8 {
+                    rng.i32(..)
+                } else {
+                    i32::try_from(body.len()).expect("short")
+                };
+                buf.extend_from_slice(&declared.to_be_bytes());
+                buf.extend_from_slice(&body);
+            }
+            let _ = session.take_frames(&mut buf);
+        }
+    }
+
     #[test]
     fn the_password_is_not_in_debug_output() {
         let handle = SessionHandle {
