@@ -181,6 +181,27 @@ fn unavailable(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Whether a server of the connect string is `host`, `host:port` or `[v6]:port`, with a port
+/// from 1 to 65535 when there is one (the client adds 2181, ZooKeeper's, when there is not).
+fn valid_server(server: &str) -> bool {
+    let server = server.trim();
+    let (host, port) = match server.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((host, "")) => (host, None),
+            Some((host, rest)) => match rest.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return false,
+            },
+            None => return false,
+        },
+        None => match server.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (server, None),
+        },
+    };
+    !host.is_empty() && port.is_none_or(|port| port.parse::<u16>().is_ok_and(|port| port > 0))
+}
+
 /// Splits `host:port[,host:port…][/chroot]` into the servers and the chroot (`None` for `/`
 /// or none). Errors show the connect string only [redacted](redact): it may hold credentials
 /// (`user:password@host`, or a URL's `?password=`), which belong elsewhere.
@@ -200,15 +221,10 @@ pub(super) fn split_connect_string(connect: &str) -> Result<(String, Option<Stri
             "put credentials in INCUMBENT_ZK_AUTH or digest_auth(), not in the connect string",
         ));
     }
-    let has_port = |server: &str| {
-        server.trim().rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok_and(|port| port > 0)
-        })
-    };
-    if let Some(server) = servers.split(',').find(|server| !has_port(server)) {
+    if let Some(server) = servers.split(',').find(|server| !valid_server(server)) {
         return Err(invalid(format!(
-            "server {:?} in the connect string: use host:port (ZooKeeper's client port, \
-             2181 by default)",
+            "server {:?} in the connect string: use host or host:port, with a port from 1 to \
+             65535 (2181 when left out)",
             redact(server)
         )));
     }
@@ -285,11 +301,16 @@ mod tests {
         assert_eq!(split(""), None);
         assert_eq!(split("a:1,,b:2"), None);
         assert_eq!(split("u:p@a:1"), None);
-        assert_eq!(split("a"), None);
-        assert_eq!(split("a:1,b"), None);
+        assert_eq!(split("a"), Some(("a".into(), None)));
+        assert_eq!(split("a:1,b"), Some(("a:1,b".into(), None)));
+        assert_eq!(
+            split("[::1]:2181,[::2]"),
+            Some(("[::1]:2181,[::2]".into(), None))
+        );
         assert_eq!(split("a:http"), None);
+        assert_eq!(split("a:0"), None);
         assert_eq!(split(":2181"), None);
-        assert_eq!(split("[::1]:2181"), Some(("[::1]:2181".into(), None)));
+        assert_eq!(split("[::1]2181"), None);
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl Connector {
     /// turn from a random one) that accepts it. Tries until one does: bound it with a
     /// timeout. Fails at once if the credentials are refused.
     pub async fn connect(self, servers: &str) -> Result<Client, Error> {
-        let servers: Vec<String> = servers.split(',').map(|s| s.trim().to_owned()).collect();
+        let servers: Vec<String> = servers.split(',').map(with_port).collect();
         let first = fastrand::usize(..servers.len().max(1));
         let mut session = Session {
             next_server: first,
@@ -1150,6 +1150,23 @@ impl Session {
     }
 }
 
+/// ZooKeeper's client port.
+const DEFAULT_PORT: u16 = 2181;
+
+/// A server of the connect string, with [`DEFAULT_PORT`] if it names none (`host`, `[v6]`).
+fn with_port(server: &str) -> String {
+    let server = server.trim();
+    let has_port = match server.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').is_some_and(|(_, rest)| !rest.is_empty()),
+        None => server.contains(':'),
+    };
+    if has_port {
+        server.to_owned()
+    } else {
+        format!("{server}:{DEFAULT_PORT}")
+    }
+}
+
 /// The body of an answer: what follows its 16-byte header.
 fn reader_rest(frame: &[u8]) -> Vec<u8> {
     frame.get(16..).unwrap_or_default().to_vec()
@@ -1393,6 +1410,14 @@ mod tests {
             }
             let _ = session.take_frames(&mut buf);
         }
+    }
+
+    #[test]
+    fn a_server_without_a_port_gets_zookeepers() {
+        assert_eq!(with_port("zk1"), "zk1:2181");
+        assert_eq!(with_port(" zk1:2182 "), "zk1:2182");
+        assert_eq!(with_port("[::1]"), "[::1]:2181");
+        assert_eq!(with_port("[::1]:2182"), "[::1]:2182");
     }
 
     #[test]
