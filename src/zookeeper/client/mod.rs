@@ -160,6 +160,10 @@ const MIN_ATTEMPT: Duration = Duration::from_secs(1);
 /// [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The most bytes of requests made back to back that go out in one write (the rest in the
+/// next): a burst of thousands (as many elections starting at once) is not one write that
+/// could outlast the write timeout.
+const MAX_BATCH: usize = 64 << 10;
 /// The most room a connection's read buffer keeps once what it held was taken.
 const KEPT_BUFFER: usize = 64 << 10;
 /// How much of `SetWatches` goes in one frame (ZooKeeper refuses frames over 1 MiB).
@@ -767,7 +771,9 @@ impl Session {
             if response.timeout_ms <= 0 {
                 return Ok(Err(SessionState::Expired));
             }
-            if wanted != 0 && response.session_id != wanted {
+            // A session is never 0, and a reconnect is to the session asked for: anything else
+            // would carry on as this session in another.
+            if response.session_id == 0 || (wanted != 0 && response.session_id != wanted) {
                 return Err(Broken::Malformed);
             }
             if let Some(auth) = auth {
@@ -900,7 +906,9 @@ impl Session {
                     };
                     let mut out = Vec::new();
                     self.send(command, &mut out);
-                    while let Ok(more) = commands.try_recv() {
+                    while out.len() < MAX_BATCH
+                        && let Ok(more) = commands.try_recv()
+                    {
                         self.send(more, &mut out);
                     }
                     if self.write(&mut conn, &out).await.is_err() {
@@ -1273,6 +1281,32 @@ mod tests {
         let (asked, _stream) = server.await.expect("server");
         // A new session, then the same one on each reconnect.
         assert_eq!(asked, [0, 7, 7]);
+    }
+
+    #[tokio::test]
+    async fn a_session_numbered_0_is_not_taken() {
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move {
+            let mut streams = Vec::new();
+            for id in [0, 5] {
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                read_frame(&mut stream).await;
+                stream
+                    .write_all(&accept_session(3000, id))
+                    .await
+                    .expect("write");
+                streams.push(stream);
+            }
+            let _ = streams[1].read(&mut [0; 16]).await;
+        });
+        let client = timeout(
+            Duration::from_secs(5),
+            Connector::new(Duration::from_secs(3)).connect(&addr),
+        )
+        .await
+        .expect("in time")
+        .expect("connected");
+        assert_eq!(client.session_id(), 5);
     }
 
     #[tokio::test]
