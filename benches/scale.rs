@@ -1,13 +1,13 @@
 //! Elections at scale: many elections in one process, and what they ask of the store.
 //!
 //! ```text
-//! cargo bench --bench scale --features etcd,consul                       # every section
+//! cargo bench --bench scale --features etcd,consul,zookeeper             # every section
 //! cargo bench --bench scale -- memory file --counts 100,1000,10000       # no server needed
 //! cargo bench --bench scale --features etcd -- etcd-followers --processes 5 --count 1000
 //! ```
 //!
 //! Sections:
-//! - `memory`, `file`, `etcd`, `consul`: one process (one backend, one candidate identity,
+//! - `memory`, `file`, `etcd`, `zookeeper` (up to 10,000), `consul` (up to 1,000): one process (one backend, one candidate identity,
 //!   so one lease or session) runs `E` elections for each `E` of `--counts`: time until all
 //!   lead, live heap and resident memory per election once settled, the heap's live blocks
 //!   by size (where the bytes go), CPU and store requests while idle, and the time to shut
@@ -215,6 +215,21 @@ async fn main() {
     if wanted("etcd-followers") {
         etcd_followers(&args).await;
     }
+    #[cfg(feature = "zookeeper")]
+    if wanted("zookeeper") {
+        let mut server = support::ZookeeperServer::single().await;
+        watch_server(server.process().pid());
+        let backend = incumbent::zookeeper::ZookeeperBackend::connect(server.connect_string())
+            .await
+            .expect("connect to zookeeper");
+        let store = Store::Zookeeper(server.admin_addr());
+        for &n in args.counts.iter().filter(|&&n| n <= 10_000) {
+            let r = one_process("zookeeper", n, || backend.clone(), TTL, store, &args).await;
+            println!("  sessions held: {}", backend.session_ids().len());
+            r.save(&args.csv);
+        }
+        watch_server(None);
+    }
     #[cfg(feature = "consul")]
     if wanted("consul") {
         let (_agent, addr, _dir) = consul_agent().await;
@@ -235,11 +250,16 @@ async fn main() {
 
 /// What a backend's store can tell about the load on it.
 #[derive(Clone, Copy)]
-#[cfg_attr(not(all(feature = "etcd", feature = "consul")), allow(dead_code))]
+#[cfg_attr(
+    not(all(feature = "etcd", feature = "consul", feature = "zookeeper")),
+    allow(dead_code)
+)]
 enum Store {
     None,
     Etcd(SocketAddr),
     Consul(SocketAddr),
+    /// ZooKeeper's AdminServer: the packets the server received (`srvr`).
+    Zookeeper(SocketAddr),
 }
 
 /// One row of figures.
@@ -379,6 +399,7 @@ async fn one_process<B: Backend>(
     print_allocations_since("all led", allocations_at_start, count);
     // Settle: the leaders' marks written, their watches in place.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    until_quiet(store, count).await;
     trim();
     let heap_per = (LIVE_BYTES.load(Ordering::Relaxed) - heap_before) as f64 / count as f64;
     let rss_per = rss_bytes().saturating_sub(rss_before) as f64 / count as f64;
@@ -527,6 +548,34 @@ fn diff(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> BTreeM
         .collect()
 }
 
+/// Waits (at most [`STEP_LIMIT`]) until the store receives fewer requests in a second than
+/// 1 % of the elections (at least 10), and says how long that took when it was not at once:
+/// what a start leaves in flight (ZooKeeper's leaders mark their terms in the background)
+/// is not idle load.
+async fn until_quiet(store: Store, count: usize) {
+    let quiet = (count as f64 / 100.0).max(10.0);
+    let start = Instant::now();
+    let mut last = store_counters(store).await;
+    if last.is_empty() {
+        return;
+    }
+    while start.elapsed() < STEP_LIMIT {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = store_counters(store).await;
+        if sum(&diff(&last, &now)) < quiet {
+            if start.elapsed() > Duration::from_secs(1) {
+                println!(
+                    "  the store was quiet {:.0} s later (under {quiet:.0} requests a second)",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            return;
+        }
+        last = now;
+    }
+    println!("  the store was still busy after {STEP_LIMIT:?}");
+}
+
 /// Requests the store has received so far, by kind: etcd's gRPC messages received by method;
 /// Consul's completed HTTP requests by route.
 async fn store_counters(store: Store) -> BTreeMap<String, f64> {
@@ -537,6 +586,18 @@ async fn store_counters(store: Store) -> BTreeMap<String, f64> {
                 (name == "grpc_server_msg_received_total").then(|| label(rest, "grpc_method"))
             })
             .await
+        }
+        Store::Zookeeper(admin) => {
+            let body = support::http::get(admin, "/commands/srvr")
+                .await
+                .map(|r| r.body)
+                .unwrap_or_default();
+            let packets = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|json| json["server_stats"]["packets_received"].as_f64());
+            packets
+                .map(|n| BTreeMap::from([("packets".to_owned(), n)]))
+                .unwrap_or_default()
         }
         Store::Consul(addr) => {
             metrics_lines(addr, "/v1/agent/metrics?format=prometheus", |name, _| {
