@@ -226,7 +226,8 @@ impl ZookeeperContender {
             .map(|sequence| format!("{}{sequence}", self.prefix))
             .ok_or_else(|| {
                 store(format!(
-                    "ZooKeeper named the created candidate node {created:?}, not                      {node_prefix}<sequence>"
+                    "ZooKeeper named the created candidate node {created:?}, not \
+                     {node_prefix}<sequence>"
                 ))
             })?;
         self.node = Some(Node {

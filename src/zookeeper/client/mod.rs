@@ -1046,23 +1046,25 @@ impl Session {
             self.last_zxid = header.zxid;
         }
         let result = match header.err {
-            0 => Ok(reader_rest(frame)),
+            0 => Ok(body_of(frame)),
             code => Err(Error::from_code(code)),
         };
         if let Some(watch) = pending.watch {
-            let found = match (&result, watch.kind) {
-                (Ok(_), WatchKind::Exists) => Some(false),
-                (Err(Error::NoNode), WatchKind::Exists) => Some(true),
-                (Ok(_), WatchKind::Children) => Some(false),
+            // The server set the watch if the request succeeded, or if an `exists` found no
+            // node (which makes it an exist watch rather than a data watch).
+            let watches = match (&result, watch.kind) {
+                (Ok(_), _) | (Err(Error::NoNode), WatchKind::Exists) => {
+                    let watches = self.watches.entry(watch.path).or_default();
+                    watches.prune();
+                    Some(watches)
+                }
                 _ => None,
             };
-            if let Some(missing) = found {
-                let watches = self.watches.entry(watch.path).or_default();
-                watches.prune();
-                let list = match (watch.kind, missing) {
+            if let Some(watches) = watches {
+                let list = match (watch.kind, result.is_ok()) {
                     (WatchKind::Children, _) => &mut watches.child,
-                    (WatchKind::Exists, true) => &mut watches.exist,
-                    (WatchKind::Exists, false) => &mut watches.data,
+                    (WatchKind::Exists, true) => &mut watches.data,
+                    (WatchKind::Exists, false) => &mut watches.exist,
                 };
                 list.push(watch.event);
             }
@@ -1176,7 +1178,7 @@ fn with_port(server: &str) -> String {
 }
 
 /// The body of an answer: what follows its 16-byte header.
-fn reader_rest(frame: &[u8]) -> Vec<u8> {
+fn body_of(frame: &[u8]) -> Vec<u8> {
     frame.get(16..).unwrap_or_default().to_vec()
 }
 
