@@ -1419,6 +1419,59 @@ mod tests {
     }
 
     #[test]
+    fn set_watches_comes_in_frames_under_zookeepers_limit_and_sets_every_watch() {
+        let (mut session, _answers) = session_with(0);
+        session.last_zxid = 42;
+        let mut wanted = Vec::new();
+        let mut watchers = Vec::new();
+        for i in 0..6_000 {
+            let path = format!("/incumbent/an-election-with-a-long-name-{i:05}");
+            let (event, fired) = oneshot::channel();
+            watchers.push(fired);
+            let watches = session.watches.entry(path.clone()).or_default();
+            match i % 3 {
+                0 => watches.data.push(event),
+                1 => watches.exist.push(event),
+                _ => watches.child.push(event),
+            }
+            wanted.push((i % 3, path));
+        }
+        // A dropped watcher is not set again.
+        let (event, _) = oneshot::channel();
+        session
+            .watches
+            .entry("/gone".to_owned())
+            .or_default()
+            .data
+            .push(event);
+        let bytes = session.set_watches();
+        let mut got = Vec::new();
+        let mut rest = &bytes[..];
+        let mut frames = 0;
+        while !rest.is_empty() {
+            let length = usize::try_from(i32::from_be_bytes(rest[..4].try_into().expect("4")))
+                .expect("length");
+            assert!(length < 1 << 20, "a frame of {length} B");
+            let mut reader = Reader::new(&rest[4..4 + length]);
+            assert_eq!(reader.i32(), Ok(xid::SET_WATCHES));
+            assert_eq!(reader.i32(), Ok(op::SET_WATCHES));
+            assert_eq!(reader.i64(), Ok(42));
+            for list in 0..3 {
+                for path in reader.strings().expect("a list") {
+                    got.push((list, path));
+                }
+            }
+            rest = &rest[4 + length..];
+            frames += 1;
+        }
+        assert!(frames > 1, "{} B in one frame", bytes.len());
+        got.sort();
+        wanted.sort();
+        assert_eq!(got, wanted);
+        drop(watchers);
+    }
+
+    #[test]
     fn random_bytes_from_a_server_never_panic() {
         let mut rng = fastrand::Rng::with_seed(27);
         for _ in 0..20_000 {
