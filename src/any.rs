@@ -226,7 +226,7 @@ macro_rules! any_backend {
                 }
             }
 
-            async fn leave(&mut self) -> Result<()> {
+            async fn leave(&mut self) -> Result<Option<crate::backend::Settling>> {
                 match self {
                     $( $(#[$cfg])* AnyContender::$variant(c) => c.leave().await, )*
                 }

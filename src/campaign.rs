@@ -35,7 +35,7 @@ use tracing::Instrument;
 
 use crate::backend::{
     Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Observer, Session, SessionHealth,
-    Wakeup, unix_ms_now,
+    Settling, Wakeup, unix_ms_now,
 };
 use crate::config::Config;
 use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
@@ -92,6 +92,10 @@ struct Shared {
 
 type Subscribers = Fanout<LeadershipEvent>;
 
+/// Answers a shutdown: with the rest of the release the store is finishing, if any, for the
+/// caller to await ([`Contender::leave`]).
+type ShutdownDone = oneshot::Sender<Option<Settling>>;
+
 #[derive(Debug)]
 enum Command {
     Resign {
@@ -101,7 +105,7 @@ enum Command {
         yield_for: Option<Duration>,
     },
     Shutdown {
-        done: Option<oneshot::Sender<()>>,
+        done: Option<ShutdownDone>,
     },
     Proclaim {
         metadata: BTreeMap<String, String>,
@@ -318,7 +322,9 @@ impl CampaignHandle {
 
     /// Stops the campaign: cancels the term if leading, waits for its guards (at most the
     /// grace), releases the lock, closes the session, and returns once all that is done.
-    /// Calling it on a stopped campaign returns at once.
+    /// When the store finishes the release by itself (etcd revoking a lease every campaign
+    /// of which is shutting down), the campaign's state is freed meanwhile and this call
+    /// awaits the store. Calling it on a stopped campaign returns at once.
     pub async fn shutdown(&self) -> Result<()> {
         let (done, wait) = oneshot::channel();
         if self
@@ -326,8 +332,10 @@ impl CampaignHandle {
             .commands
             .send(Command::Shutdown { done: Some(done) })
             .is_ok()
+            && let Ok(Some(settling)) = wait.await
         {
-            let _ = wait.await;
+            // The campaign has stopped; the store is finishing its release.
+            settling.await;
         }
         Ok(())
     }
@@ -392,6 +400,7 @@ pub(crate) fn spawn<B: Backend>(
         inbox: Inbox {
             commands,
             shutdown_waiters: Vec::new(),
+            settling: None,
             yield_until: None,
             transfer: None,
             request,
@@ -702,7 +711,10 @@ enum Interrupt {
 /// The campaign's commands, and who waits for its shutdown.
 struct Inbox {
     commands: QueueReceiver<Command>,
-    shutdown_waiters: Vec<oneshot::Sender<()>>,
+    shutdown_waiters: Vec<ShutdownDone>,
+    /// The rest of the release the store is finishing for this campaign's shutdown
+    /// ([`Contender::leave`]), for its caller to await.
+    settling: Option<Settling>,
     /// Until when a resign asked this candidate not to campaign
     /// ([`CampaignHandle::resign_for`]).
     yield_until: Option<Instant>,
@@ -713,6 +725,29 @@ struct Inbox {
 }
 
 impl Inbox {
+    /// Answers the shutdown's callers, once the campaign has stopped. The rest of a release
+    /// the store is finishing goes to the one caller, who awaits it while this campaign's
+    /// state is freed; with none (the campaign was dropped) or several, it is awaited here.
+    async fn answer_shutdowns(&mut self) {
+        let mut waiters = std::mem::take(&mut self.shutdown_waiters);
+        if let Some(settling) = self.settling.take() {
+            match waiters.pop() {
+                Some(done) if waiters.is_empty() => match done.send(Some(settling)) {
+                    Ok(()) => return,
+                    Err(Some(settling)) => settling.await,
+                    Err(None) => {}
+                },
+                other => {
+                    waiters.extend(other);
+                    settling.await;
+                }
+            }
+        }
+        for done in waiters {
+            let _ = done.send(None);
+        }
+    }
+
     /// Waits for `work` unless interrupted: by a shutdown (or every handle gone), or, given
     /// the session's `fence`, by the session's loss. Other commands are answered meanwhile
     /// and `work` goes on; an interrupted `work` is dropped. Every wait outside a term is one
@@ -839,9 +874,7 @@ impl<B: Backend> Engine<B> {
                 let message = panic_message(panic.as_ref());
                 if Box::pin(self.recover(message)).await.is_err() {
                     self.stopped();
-                    for done in self.inbox.shutdown_waiters.drain(..) {
-                        let _ = done.send(());
-                    }
+                    self.inbox.answer_shutdowns().await;
                     return;
                 }
             }
@@ -967,9 +1000,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.stopped();
-        for done in self.inbox.shutdown_waiters.drain(..) {
-            let _ = done.send(());
-        }
+        self.inbox.answer_shutdowns().await;
         tracing::info!("campaign stopped");
     }
 
@@ -1641,13 +1672,16 @@ impl<B: Backend> Engine<B> {
         let releasing = async {
             match reason {
                 DemotionReason::Shutdown => contender.leave().await,
-                _ => contender.release().await,
+                _ => contender.release().await.map(|()| None),
             }
         };
-        let released = matches!(
-            timeout(self.config.renew_deadline, releasing).await,
-            Ok(Ok(()))
-        );
+        let released = match timeout(self.config.renew_deadline, releasing).await {
+            Ok(Ok(settling)) => {
+                self.inbox.settling = settling;
+                true
+            }
+            _ => false,
+        };
         if !released {
             span.in_scope(|| {
                 tracing::warn!(
@@ -1853,7 +1887,9 @@ impl<B: Backend> Engine<B> {
 
     /// Leaves the queue (or releases) and reports a stop.
     async fn withdraw(&mut self, mut contender: Claim<B>) -> Pursuit<Claim<B>> {
-        let _ = timeout(self.config.renew_deadline, contender.leave()).await;
+        if let Ok(Ok(settling)) = timeout(self.config.renew_deadline, contender.leave()).await {
+            self.inbox.settling = settling;
+        }
         self.drop_presence().await;
         Pursuit::Stop
     }

@@ -30,6 +30,7 @@ pub mod pool;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -516,10 +517,43 @@ pub trait Contender: Send + 'static {
     /// the session it made this contender on right after. A backend whose session ends in
     /// the store with the claims on it may let one end of the session stand for many
     /// releases when every user of a shared session is leaving at once (etcd: one revoke of
-    /// the lease instead of a delete per election). The default is
-    /// [`release`](Contender::release).
-    fn leave(&mut self) -> impl Future<Output = Result<()>> + Send {
-        self.release()
+    /// the lease instead of a delete per election).
+    ///
+    /// `Some` is the rest of a release the store is finishing (that revoke, under way): the
+    /// campaign then tears down at once, and whoever waits for its shutdown awaits the rest,
+    /// so that the shutdown still returns only once the lock is released. The default is
+    /// [`release`](Contender::release), with nothing left.
+    fn leave(&mut self) -> impl Future<Output = Result<Option<Settling>>> + Send {
+        async { self.release().await.map(|()| None) }
+    }
+}
+
+/// The rest of a release the store is finishing after [`Contender::leave`] returned: it
+/// resolves once the lock is released, or once the store gave up on it (the session's
+/// expiry then releases it), within the store's request timeout.
+pub struct Settling(Pin<Box<dyn Future<Output = ()> + Send + Sync>>);
+
+impl Settling {
+    /// The rest of a release: `settled` resolves when the store is done with it.
+    pub fn new(settled: impl Future<Output = ()> + Send + Sync + 'static) -> Settling {
+        Settling(Box::pin(settled))
+    }
+}
+
+impl Future for Settling {
+    type Output = ();
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl std::fmt::Debug for Settling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Settling")
     }
 }
 

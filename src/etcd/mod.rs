@@ -40,7 +40,8 @@
 //!   are dropped, and etcd deletes the rest in one revision, as its own `Session.Close`
 //!   does (a sharded member's shards and its member slot, too). A lease with one election
 //!   (or any other user) that is not shutting down is never revoked for the others; if the
-//!   revoke fails, each deletes its own key as usual.
+//!   revoke fails, each deletes its own key as usual. The campaigns tear down while etcd
+//!   revokes, and each `shutdown()` awaits the revoke (or the delete) before it returns.
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in

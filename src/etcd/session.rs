@@ -120,8 +120,15 @@ impl Poolable for Lease {
     async fn destroy(&self) -> Result<()> {
         self.keepalive.stop();
         self.backend.abandon(self.id);
-        if *self.revoke.borrow() == Revoke::Done {
-            // Revoked already, for its leavers.
+        // Revoked already for its leavers, or being revoked: its outcome decides (the
+        // campaigns of a mass shutdown close their handles while it is on its way).
+        let revoked = self
+            .revoke
+            .subscribe()
+            .wait_for(|r| *r != Revoke::Started)
+            .await
+            .is_ok_and(|r| *r == Revoke::Done);
+        if revoked {
             return Ok(());
         }
         match revoke(&self.backend, self.id).await {

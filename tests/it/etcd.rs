@@ -644,9 +644,34 @@ async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_
     let campaigns = leading_on_one_lease(&backend, "mass", COUNT).await;
     assert_eq!(lease_count(&mut client).await, 1);
     let mut deletes = Deletes::watch(&mut client, &backend).await;
-
-    shut_down_all_at_once(&proxy, campaigns).await;
-
+    // A revoke that takes its time: the campaigns tear down meanwhile, and each shutdown must
+    // still return only once its key is gone (by the revoke, or by its own delete if that
+    // went out before the revoke started).
+    proxy.set_latency(Duration::from_millis(300));
+    proxy.blackhole(true);
+    let mut stopping = tokio::task::JoinSet::new();
+    for (i, campaign) in campaigns.into_iter().enumerate() {
+        stopping.spawn(async move { (i, campaign.shutdown().await) });
+    }
+    sleep(Duration::from_millis(500)).await;
+    proxy.blackhole(false);
+    for checked in 0..COUNT {
+        let (i, stopped) = timeout(PATIENCE, stopping.join_next())
+            .await
+            .expect("every campaign shuts down")
+            .expect("one more")
+            .expect("joined");
+        assert!(stopped.is_ok(), "{stopped:?}");
+        // The first twenty to return are checked as they return (a read each).
+        if checked < 20 {
+            let own = format!("{}/mass/{i}@", backend.prefix().trim_end_matches('/'));
+            let left = keys_left(&mut client, &backend).await;
+            assert!(
+                !left.iter().any(|key| key.starts_with(&own)),
+                "the shutdown of mass/{i} returned with its key still there"
+            );
+        }
+    }
     let revisions = deletes.by_revision(COUNT).await;
     assert_revoked_at_once(&revisions);
     assert_eq!(lease_count(&mut client).await, 0, "the lease is revoked");
