@@ -352,6 +352,15 @@ async fn answer(receiver: Answer) -> Result<Vec<u8>, Error> {
     receiver.await.unwrap_or(Err(Error::ClientClosed))
 }
 
+/// An `exists` answer: the node's stat, or `None` for no node.
+async fn stat_or_none(receiver: Answer) -> Result<Option<Stat>, Error> {
+    match answer(receiver).await {
+        Ok(body) => Ok(Some(Reader::new(&body).stat()?)),
+        Err(Error::NoNode) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 fn version_of(version: Option<i32>) -> i32 {
     version.unwrap_or(-1)
 }
@@ -444,16 +453,8 @@ impl Client {
         &self,
         path: &str,
     ) -> impl Future<Output = Result<Option<Stat>, Error>> + Send + 'static {
-        let (mut frame, _) = self.path_request(op::EXISTS, path);
-        frame.bool(false);
-        let (answer_of, _) = self.submit(frame, None);
-        async move {
-            match answer(answer_of).await {
-                Ok(body) => Ok(Some(Reader::new(&body).stat()?)),
-                Err(Error::NoNode) => Ok(None),
-                Err(e) => Err(e),
-            }
-        }
+        let (answer_of, _) = self.exists(path, false);
+        stat_or_none(answer_of)
     }
 
     /// The node's stat, `None` if there is no node, and a watch that fires when it is
@@ -462,17 +463,18 @@ impl Client {
         &self,
         path: &str,
     ) -> impl Future<Output = Result<(Option<Stat>, Watcher), Error>> + Send + 'static {
-        let (mut frame, path) = self.path_request(op::EXISTS, path);
-        frame.bool(true);
-        let (answer_of, watcher) = self.submit(frame, Some((path, WatchKind::Exists)));
+        let (answer_of, watcher) = self.exists(path, true);
         async move {
             let watcher = watcher.ok_or(Error::ClientClosed)?;
-            match answer(answer_of).await {
-                Ok(body) => Ok((Some(Reader::new(&body).stat()?), watcher)),
-                Err(Error::NoNode) => Ok((None, watcher)),
-                Err(e) => Err(e),
-            }
+            Ok((stat_or_none(answer_of).await?, watcher))
         }
+    }
+
+    /// An `exists` request, with a watch or not.
+    fn exists(&self, path: &str, watch: bool) -> (Answer, Option<Watcher>) {
+        let (mut frame, path) = self.path_request(op::EXISTS, path);
+        frame.bool(watch);
+        self.submit(frame, watch.then_some((path, WatchKind::Exists)))
     }
 
     /// The node's data and stat.
