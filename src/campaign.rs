@@ -730,18 +730,17 @@ impl Inbox {
     /// state is freed; with none (the campaign was dropped) or several, it is awaited here.
     async fn answer_shutdowns(&mut self) {
         let mut waiters = std::mem::take(&mut self.shutdown_waiters);
-        if let Some(settling) = self.settling.take() {
-            match waiters.pop() {
-                Some(done) if waiters.is_empty() => match done.send(Some(settling)) {
-                    Ok(()) => return,
-                    Err(Some(settling)) => settling.await,
-                    Err(None) => {}
-                },
-                other => {
-                    waiters.extend(other);
-                    settling.await;
-                }
+        if waiters.len() == 1
+            && let Some(settling) = self.settling.take()
+        {
+            // A caller gone meanwhile leaves it to be awaited here.
+            if let Err(Some(settling)) = waiters.swap_remove(0).send(Some(settling)) {
+                settling.await;
             }
+            return;
+        }
+        if let Some(settling) = self.settling.take() {
+            settling.await;
         }
         for done in waiters {
             let _ = done.send(None);

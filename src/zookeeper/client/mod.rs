@@ -1236,18 +1236,26 @@ mod tests {
         i64::from_be_bytes(connect[16..24].try_into().expect("8 bytes"))
     }
 
+    /// Takes the next connection, reads its connect request and answers it with
+    /// `timeout_ms` (0: expired) and session `id`; the stream and the session it asked for.
+    async fn accept(listener: &TcpListener, timeout_ms: i32, id: i64) -> (TcpStream, i64) {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let asked = session_asked(&read_frame(&mut stream).await);
+        stream
+            .write_all(&accept_session(timeout_ms, id))
+            .await
+            .expect("write");
+        (stream, asked)
+    }
+
     #[tokio::test]
     async fn a_hostile_answer_breaks_the_connection_and_nothing_else() {
         let (listener, addr) = listener().await;
         let server = tokio::spawn(async move {
             let mut asked = Vec::new();
             for round in 0..3 {
-                let (mut stream, _) = listener.accept().await.expect("accept");
-                asked.push(session_asked(&read_frame(&mut stream).await));
-                stream
-                    .write_all(&accept_session(3000, 7))
-                    .await
-                    .expect("write");
+                let (mut stream, session) = accept(&listener, 3000, 7).await;
+                asked.push(session);
                 let xid = xid_of(&read_frame(&mut stream).await);
                 let answer = match round {
                     // A frame of 2 GiB.
@@ -1293,12 +1301,7 @@ mod tests {
         tokio::spawn(async move {
             let mut streams = Vec::new();
             for id in [0, 5] {
-                let (mut stream, _) = listener.accept().await.expect("accept");
-                read_frame(&mut stream).await;
-                stream
-                    .write_all(&accept_session(3000, id))
-                    .await
-                    .expect("write");
+                let (stream, _) = accept(&listener, 3000, id).await;
                 streams.push(stream);
             }
             let _ = streams[1].read(&mut [0; 16]).await;
@@ -1317,12 +1320,7 @@ mod tests {
     async fn refused_credentials_fail_the_connect() {
         let (listener, addr) = listener().await;
         tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.expect("accept");
-            read_frame(&mut stream).await;
-            stream
-                .write_all(&accept_session(3000, 7))
-                .await
-                .expect("write");
+            let (mut stream, _) = accept(&listener, 3000, 7).await;
             let auth = read_frame(&mut stream).await;
             assert_eq!(xid_of(&auth), xid::AUTH);
             stream
@@ -1342,12 +1340,7 @@ mod tests {
     async fn an_expired_session_fires_every_watch_and_fails_every_request() {
         let (listener, addr) = listener().await;
         tokio::spawn(async move {
-            let (mut stream, _) = listener.accept().await.expect("accept");
-            read_frame(&mut stream).await;
-            stream
-                .write_all(&accept_session(3000, 9))
-                .await
-                .expect("write");
+            let (mut stream, _) = accept(&listener, 3000, 9).await;
             let xid = xid_of(&read_frame(&mut stream).await);
             stream
                 .write_all(&reply(xid, 0, &[0; 68]))
@@ -1355,12 +1348,8 @@ mod tests {
                 .expect("write");
             drop(stream);
             // The reconnect is told the session expired.
-            let (mut stream, _) = listener.accept().await.expect("accept");
-            assert_eq!(session_asked(&read_frame(&mut stream).await), 9);
-            stream
-                .write_all(&accept_session(0, 0))
-                .await
-                .expect("write");
+            let (mut stream, session) = accept(&listener, 0, 0).await;
+            assert_eq!(session, 9);
             let _ = stream.read(&mut [0; 16]).await;
         });
         let client = Connector::new(Duration::from_secs(3))
