@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR;
-use crate::backend::{BackendInfo, Candidate, SessionOptions};
+use crate::backend::{BackendInfo, Candidate, DeadlineRule, SessionOptions};
 pub use crate::backoff::{Backoff, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX};
 use crate::{Error, Result};
 
@@ -131,17 +131,26 @@ impl Draft {
                 backend.name, backend.min_ttl, backend.max_ttl
             )));
         }
-        let (num, den) = DEFAULT_RENEW_DEADLINE_FRACTION;
-        let renew_deadline = self.renew_deadline.unwrap_or(ttl * num / den);
         let renew_interval = self
             .renew_interval
             .unwrap_or(ttl / backend.renew_divisor.max(2));
-        let max_deadline = ttl - ttl / MIN_DEADLINE_MARGIN_DIVISOR;
+        let renew_deadline = self
+            .renew_deadline
+            .unwrap_or_else(|| backend.deadline.default_deadline(ttl, renew_interval));
+        let max_deadline = backend.deadline.max_deadline(ttl, renew_interval);
         if renew_deadline.is_zero() || renew_deadline > max_deadline {
+            let rule = match backend.deadline {
+                DeadlineRule::PreviousActivity => format!(
+                    "17/20 of the ttl {ttl:?} minus the gap between two renewals, at most 7/20 of \
+                     it: {} may count the session's time from the activity before the last renewal",
+                    backend.name
+                ),
+                _ => format!("ttl {ttl:?} minus 1/{MIN_DEADLINE_MARGIN_DIVISOR}"),
+            };
             return Err(Error::timing(format!(
                 "renew_deadline {renew_deadline:?} must be above zero and at most {max_deadline:?} \
-                 (ttl {ttl:?} minus 1/{MIN_DEADLINE_MARGIN_DIVISOR}) so the leader fences itself before the \
-                 store can expire its lease; lower .renew_deadline() or raise .ttl()"
+                 ({rule}) so the leader fences itself before the store can expire its lease; \
+                 lower .renew_deadline() or raise .ttl()"
             )));
         }
         if renew_interval.is_zero() || renew_interval >= renew_deadline {
@@ -335,17 +344,69 @@ mod tests {
         assert!(validate_name(&"x".repeat(129)).is_err());
     }
 
+    /// ZooKeeper's rule: the deadline plus the gap between two requests of the session stays
+    /// under 17/20 of the ttl (see the ZooKeeper backend's "Why renewals sync").
+    #[test]
+    fn a_store_that_counts_from_the_activity_before_a_renewal_gets_a_shorter_deadline() {
+        let zookeeper = BackendInfo {
+            deadline: DeadlineRule::PreviousActivity,
+            ..BackendInfo::new("zookeeper", Duration::from_secs(1), Duration::from_secs(60))
+        };
+        let ttl = Duration::from_secs(12);
+        let draft = |interval: Option<u64>, deadline: Option<u64>| Draft {
+            name: "e".into(),
+            candidate_id: Some("c".into()),
+            ttl: Some(ttl),
+            renew_interval: interval.map(Duration::from_millis),
+            renew_deadline: deadline.map(Duration::from_millis),
+            ..Draft::default()
+        };
+        // By default: a renewal every third of the ttl, the deadline at half of it, and the
+        // two within 17/20 of the ttl with an eighth of it left for the half tick.
+        let config = draft(None, None).validate(&zookeeper).unwrap();
+        assert_eq!(config.renew_interval, Duration::from_secs(4));
+        assert_eq!(config.renew_deadline, Duration::from_secs(6));
+        assert!(config.renew_deadline + config.renew_interval + ttl / 8 < ttl);
+        // The longest deadline: 17/20 × 12 s − 4 s = 6.2 s; beyond it, a typed error that
+        // says what to change.
+        assert!(draft(None, Some(6_200)).validate(&zookeeper).is_ok());
+        match draft(None, Some(6_201)).validate(&zookeeper) {
+            Err(Error::InvalidTiming { reason }) => assert!(
+                reason.contains("6.2s")
+                    && reason.contains("zookeeper")
+                    && reason.contains(".renew_deadline()"),
+                "{reason}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Renewing more often allows a longer deadline: 10.2 s − 2 s.
+        assert!(draft(Some(2_000), Some(8_200)).validate(&zookeeper).is_ok());
+        assert!(
+            draft(Some(2_000), Some(8_201))
+                .validate(&zookeeper)
+                .is_err()
+        );
+        // A renew interval past 7/20 of the ttl: the client pings at 4.2 s, so the gap is
+        // that, whatever the interval (10.2 s − 4.2 s).
+        assert!(draft(Some(5_000), Some(6_000)).validate(&zookeeper).is_ok());
+        assert!(
+            draft(Some(5_000), Some(6_001))
+                .validate(&zookeeper)
+                .is_err()
+        );
+        // The other stores keep 2/3 of the ttl, up to 4/5.
+        let etcd = BackendInfo::new("etcd", Duration::from_secs(1), Duration::from_secs(60));
+        let config = draft(None, None).validate(&etcd).unwrap();
+        assert_eq!(config.renew_deadline, Duration::from_secs(8));
+        assert!(draft(None, Some(9_600)).validate(&etcd).is_ok());
+        assert!(draft(None, Some(9_601)).validate(&etcd).is_err());
+    }
+
     #[test]
     fn a_lock_delay_needs_a_store_that_has_one_and_fits_its_maximum() {
         let store = |max_lock_delay| BackendInfo {
-            name: "store",
-            min_ttl: Duration::from_secs(1),
-            max_ttl: Duration::from_secs(60),
-            wakeup: crate::backend::Wakeup::Push,
-            renew_divisor: 3,
             max_lock_delay,
-            frees_dead_holder_at_once: false,
-            hand_over: crate::backend::HandOverStyle::Escrow,
+            ..BackendInfo::new("store", Duration::from_secs(1), Duration::from_secs(60))
         };
         let draft = |delay: u64| Draft {
             name: "e".into(),

@@ -105,7 +105,8 @@ impl<B: Backend> ElectionBuilder<B> {
     }
 
     /// A leader with no renewal confirmed within this long (counted from when that renewal
-    /// was sent) cancels its term (default: 2/3 of the ttl; at most 4/5 of it).
+    /// was sent) cancels its term (default: 2/3 of the ttl; at most 4/5 of it; on ZooKeeper
+    /// half of it, and less than 4/5: see [`DeadlineRule`](crate::backend::DeadlineRule)).
     pub fn renew_deadline(mut self, deadline: Duration) -> Self {
         self.draft.renew_deadline = Some(deadline);
         self

@@ -134,7 +134,8 @@
 //! - `ttl` (default 10 s): how long the store keeps our session without renewal, so how long
 //!   a crashed leader keeps the lock;
 //! - `renew_interval` (default ttl/3; ttl/2 on Consul): how often the session is renewed;
-//! - `renew_deadline` (default 2/3 ttl, at most 4/5): a leader that has not had a renewal
+//! - `renew_deadline` (default 2/3 ttl, at most 4/5; on ZooKeeper 1/2 ttl, see
+//!   [`DeadlineRule`](backend::DeadlineRule)): a leader that has not had a renewal
 //!   *confirmed* within this long, counted from when that renewal was *sent*, cancels its
 //!   term. The store restarts the ttl no earlier than it receives the renewal, so the lease
 //!   cannot expire before `send time + ttl`; cancelling at `send time + renew_deadline`

@@ -275,6 +275,59 @@ pub struct BackendInfo {
     /// How the store keeps the next term for the target of a hand-over
     /// ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)).
     pub hand_over: HandOverStyle,
+    /// From what the store counts a session's ttl, which bounds the renew deadline.
+    pub deadline: DeadlineRule,
+}
+
+/// From what a store counts a session's ttl, and so how long a leader may go on after its
+/// last confirmed renewal: the renew deadline's default, and the longest one accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadlineRule {
+    /// The store expires a session a ttl after it received the last renewal it confirmed
+    /// (etcd, Consul, Redis, and the others). Renew deadline: 2/3 of the ttl by default
+    /// ([`DEFAULT_RENEW_DEADLINE_FRACTION`](crate::config::DEFAULT_RENEW_DEADLINE_FRACTION)),
+    /// at most the ttl minus a fifth
+    /// ([`MIN_DEADLINE_MARGIN_DIVISOR`](crate::config::MIN_DEADLINE_MARGIN_DIVISOR)).
+    Renewal,
+    /// The store may count the ttl from the session's activity *before* the last confirmed
+    /// renewal, and up to an eighth of the ttl later than that activity: ZooKeeper, whose
+    /// leader expires sessions from what its followers report of them, every half tick (see
+    /// the ZooKeeper backend's "Why renewals sync"). The deadline plus the longest gap between
+    /// two of the session's requests (the renew interval, or [`PING_AFTER`](Self::PING_AFTER)
+    /// of the ttl when the client pings first) must stay under 17/20 of the ttl: at most
+    /// `17/20 ttl - min(renew interval, 7/20 ttl)`, half the ttl by default.
+    PreviousActivity,
+}
+
+impl DeadlineRule {
+    /// Under [`PreviousActivity`](Self::PreviousActivity): the client pings after this
+    /// fraction of the ttl without a request (7/20), so no two requests of a session are
+    /// further apart, whatever the renew interval.
+    pub const PING_AFTER: (u32, u32) = (7, 20);
+
+    /// The renew deadline for `ttl` and `renew_interval` when the election does not set one.
+    pub fn default_deadline(self, ttl: Duration, renew_interval: Duration) -> Duration {
+        match self {
+            DeadlineRule::Renewal => {
+                let (num, den) = crate::config::DEFAULT_RENEW_DEADLINE_FRACTION;
+                ttl * num / den
+            }
+            DeadlineRule::PreviousActivity => (ttl / 2).min(self.max_deadline(ttl, renew_interval)),
+        }
+    }
+
+    /// The longest renew deadline accepted for `ttl` and `renew_interval`.
+    pub fn max_deadline(self, ttl: Duration, renew_interval: Duration) -> Duration {
+        match self {
+            DeadlineRule::Renewal => ttl - ttl / crate::config::MIN_DEADLINE_MARGIN_DIVISOR,
+            DeadlineRule::PreviousActivity => {
+                let (num, den) = Self::PING_AFTER;
+                let gap = renew_interval.min(ttl * num / den);
+                (ttl * 17 / 20).saturating_sub(gap)
+            }
+        }
+    }
 }
 
 impl BackendInfo {
@@ -291,6 +344,7 @@ impl BackendInfo {
             max_lock_delay: None,
             frees_dead_holder_at_once: false,
             hand_over: HandOverStyle::Escrow,
+            deadline: DeadlineRule::Renewal,
         }
     }
 }

@@ -95,22 +95,29 @@
 //! So a cut-off follower that has not noticed yet leaves it unanswered (the renewal is not
 //! confirmed, and the term ends at the renew deadline), and one that has noticed closes its
 //! clients' connections and serves nothing until it rejoins a quorum (a server in read-only
-//! mode refuses a `sync`). An answered `sync` proves that the follower was in touch with the
-//! leader after the renewal was sent; the `exists` behind it, which the server answers only
-//! after the `sync` (a session's requests are answered in order), proves the session was
-//! still open then. The leader itself stops answering once it loses its quorum (within
+//! mode refuses a `sync`). An answered `sync` also proves that the leader had not closed the
+//! session when the renewal reached it: the leader takes a session's close in line with its
+//! requests, answers a `sync` only after every change it proposed before, and a follower
+//! applies them in order, closing the session's connection at the close, so the `sync`'s
+//! answer never comes. The leader itself stops answering once it loses its quorum (within
 //! `syncLimit` ticks), and a new leader gives every session a whole timeout from its
 //! election on, so a leader cut off is covered as well.
 //!
-//! What remains is a window of half a tick: the leader learns of the session's activity at
-//! the follower with the follower's next ping answer, so a follower cut off right after the
-//! `sync` was answered leaves the leader counting from the session's previous activity: the
-//! previous renewal, or the client's own ping, which it sends after 7/40 of the session
-//! timeout without a request (so at most that much earlier). The margin between the
-//! renew deadline and the ttl, a third of the ttl by default, covers that gap plus half a
-//! tick whenever the ttl is four ticks or more; a renew deadline closer to the ttl (at most
-//! four fifths of it) narrows the margin. The price is one round trip to the leader per
-//! renewal; nothing is written.
+//! What remains is the leader's view of the session's time. It learns of the session's
+//! activity at the follower with the follower's next ping answer, and a request forwarded to
+//! it, the `sync` included, does not count. So a follower cut off right after answering a
+//! renewal leaves the leader counting the session timeout from the session's activity
+//! *before* that renewal (the previous renewal, or a ping of the client), plus up to half a
+//! tick for the report. Hence the backend's own rule for the renew deadline
+//! ([`DeadlineRule::PreviousActivity`](crate::backend::DeadlineRule::PreviousActivity)):
+//! the deadline plus the longest gap between two of the session's requests stays under 17/20
+//! of the ttl, which leaves an eighth of the ttl for the half tick (a ttl of four ticks or
+//! more) and a fortieth to spare. The gap is the renew interval (a third of the ttl by
+//! default), or 7/20 of the ttl where the client pings first, so the renew deadline is half
+//! the ttl by default (not 2/3 as on the other stores) and at most `17/20 ttl - min(renew
+//! interval, 7/20 ttl)`: a longer one is refused when the election is built. The price is
+//! one request to the leader per renewal, and a renewal that must be answered within a sixth
+//! of the ttl of being sent; nothing is written, and there is no ping between renewals.
 //!
 //! # Failure modes
 //!
@@ -138,8 +145,8 @@
 //!
 //! The backend speaks ZooKeeper's protocol through a client of its own, on tokio: one TCP
 //! connection and one task per session, which wakes only for a request, an answer, a ping
-//! due (7/40 of the session timeout after the last send) or a connection gone silent (half
-//! the session timeout). It keeps the session across reconnects (the next server of the
+//! due (7/20 of the session timeout after the last send: never while the session renews)
+//! or a connection gone silent (half the session timeout). It keeps the session across reconnects (the next server of the
 //! connect string, with the session's id and password, the last transaction it saw, the
 //! credentials, and its watches set again with `SetWatches`), sends each request when it is
 //! called, and checks every length and path the server sends back. Until 2026-11-28 it was
@@ -494,6 +501,9 @@ impl Backend for ZookeeperBackend {
         BackendInfo {
             // The store hands the lock to the next key in line.
             hand_over: crate::backend::HandOverStyle::Line,
+            // The ensemble's leader may count a session's time from its activity before the
+            // last renewal: see "Why renewals sync".
+            deadline: crate::backend::DeadlineRule::PreviousActivity,
             ..BackendInfo::new(NAME, MIN_TTL, MAX_TTL)
         }
     }

@@ -125,15 +125,14 @@ async fn connect(backend: &ZookeeperBackend, options: &SessionOptions) -> Result
     })
 }
 
-/// The renewal call for [`KeepAlive`]: a `sync` of the (chroot's) root followed at once by an
-/// `exists` on it, pipelined, whose answers prove that the ensemble's leader, not only the
-/// server the client is connected to, heard from the session after the call (see "Renewals"
-/// in the [module docs](super)).
+/// The renewal call for [`KeepAlive`]: a `sync` of the (chroot's) root, whose answer proves
+/// that the ensemble's leader, not only the server the client is connected to, had not
+/// closed the session when the renewal reached it (see "Why renewals sync" in the
+/// [module docs](super)).
 ///
-/// Both requests go out, in that order, when the returned future is first polled, which
-/// [`KeepAlive`] does right after the call: the instant it records for the renewal (the call)
-/// is therefore no later than when the requests left. ZooKeeper answers a session's requests
-/// in order, and the `exists` only once the `sync` is done, so the renewal waits for both.
+/// The request goes out when the returned future is first polled, which [`KeepAlive`] does
+/// right after the call: the instant it records for the renewal (the call) is therefore no
+/// later than when the request left.
 fn renewer(
     slot: ClientSlot,
 ) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Result<Renewal>> + Send>> + Send + 'static
@@ -144,15 +143,7 @@ fn renewer(
             let Some(client) = client else {
                 return Ok(Renewal::Gone);
             };
-            // Sent now, one after the other: the sync goes to the ensemble's leader, and the
-            // read is answered after it, by a server that caught up with the leader.
-            let synced = client.sync("/");
-            let read = client.check_stat("/");
-            let answered = match synced.await {
-                Ok(()) => read.await.map(drop),
-                Err(e) => Err(e),
-            };
-            match answered {
+            match client.sync("/").await {
                 Ok(()) => Ok(Renewal::Alive),
                 Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => Ok(Renewal::Gone),
                 Err(e) => Err(from_client(e, "renewing the session")),

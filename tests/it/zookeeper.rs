@@ -502,6 +502,21 @@ async fn a_leader_behind_a_cut_off_follower_ends_its_term_before_another_is_elec
         tokio::time::Instant::now()
     });
     let mut b = b;
+    // The worst moment to cut: just after a renewal was confirmed, before the follower can
+    // report the session's activity to the ensemble's leader (its next ping answer), which
+    // then counts the session's time from the activity before the renewal: the case that
+    // `DeadlineRule::PreviousActivity` keeps a margin for. (With this ensemble's 200 ms
+    // ticks, a's term ends 1.0 s after the cut, and b is elected 1.4 to 1.7 s after it.)
+    let mut renewals = a
+        .status()
+        .borrow()
+        .renewals()
+        .expect("a leader has a session");
+    renewals.borrow_and_update();
+    timeout(TTL, renewals.changed())
+        .await
+        .expect("a renewal is confirmed within the ttl")
+        .expect("the session is kept");
     // The follower loses the rest of the ensemble; its client port stays open.
     ensemble.isolate(follower, true);
     let cut = tokio::time::Instant::now();

@@ -15,10 +15,10 @@
 //! - **Answers are matched in order.** ZooKeeper answers a session's requests in the order
 //!   it received them; an answer whose id is not the oldest outstanding request's is a
 //!   broken stream, and the connection is dropped.
-//! - **Pings only when idle**: one when nothing was sent for 7/40 of the negotiated session
+//! - **Pings only when idle**: one when nothing was sent for 7/20 of the negotiated session
 //!   timeout, so the server hears from the session at least that often (the margin in the
 //!   backend's "Why renewals sync" counts on it). With renewals every third of the timeout,
-//!   that is one ping between two renewals. A connection that brought nothing for half the
+//!   a session that renews never pings. A connection that brought nothing for half the
 //!   session timeout is taken for dead, and the client moves to the next server.
 //! - **Reconnects keep the session**: the next server of the connect string is tried with the
 //!   session's id and password and the last transaction id seen (a server that is behind
@@ -720,12 +720,14 @@ enum Dialed {
 }
 
 impl Session {
-    /// How long nothing may be sent before a ping: 7/40 of the session timeout. With the
-    /// backend's renewals every third of it, that is one ping just past midway between two
-    /// renewals (the one the margin in the backend's "Why renewals sync" counts on), and none
-    /// just before a renewal, which would only repeat it.
+    /// How long nothing may be sent before a ping: 7/20 of the session timeout
+    /// ([`DeadlineRule::PING_AFTER`](crate::backend::DeadlineRule::PING_AFTER), which the
+    /// longest renew deadline accepted counts on). The backend's renewals, every third of the
+    /// timeout by default, come sooner, so a session that renews never pings; one whose renew
+    /// interval is longer pings between its renewals.
     fn ping_interval(&self) -> Duration {
-        self.timeout * 7 / 40
+        let (num, den) = crate::backend::DeadlineRule::PING_AFTER;
+        self.timeout * num / den
     }
 
     /// How long a connection may bring nothing before it counts as dead.
