@@ -3,21 +3,16 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use crate::backend::DEFAULT_RENEW_INTERVAL_DIVISOR;
 use crate::backend::{BackendInfo, Candidate, DeadlineRule, SessionOptions};
+pub use crate::backend::{
+    DEFAULT_RENEW_DEADLINE_FRACTION, DEFAULT_RENEW_INTERVAL_DIVISOR, MIN_DEADLINE_MARGIN_DIVISOR,
+};
 pub use crate::backoff::{Backoff, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX};
 use crate::{Error, Result};
 
 /// Default session ttl: long enough to ride out a store's leader election or a GC pause,
 /// short enough that a crashed leader is replaced within seconds.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
-/// Default renew deadline as a fraction of the ttl (2/3): a leader that has not confirmed a
-/// renewal for this long fences itself, leaving a third of the ttl as margin for clock rate
-/// differences and for the worker to notice cancellation before the store can expire the lease.
-pub const DEFAULT_RENEW_DEADLINE_FRACTION: (u32, u32) = (2, 3);
-/// The smallest gap allowed between the renew deadline and the ttl, as a fraction of the ttl
-/// (1/5): the leader must stop trusting itself well before the store can hand the lock on.
-pub const MIN_DEADLINE_MARGIN_DIVISOR: u32 = 5;
 /// Default time a cancelled worker gets to finish before the lock is released anyway.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// The longest duration any setting accepts (a year): a longer one is surely a mistake, and

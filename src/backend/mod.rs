@@ -244,6 +244,13 @@ pub(crate) mod courtesy {
 /// [`BackendInfo::renew_divisor`].
 pub const DEFAULT_RENEW_INTERVAL_DIVISOR: u32 = 3;
 
+/// Default renew deadline as a fraction of the ttl (2/3): a leader that has not confirmed a
+/// renewal for this long fences itself, leaving a third of the ttl as margin for clock rate
+/// differences and for the worker to notice cancellation before the store can expire the lease.
+pub const DEFAULT_RENEW_DEADLINE_FRACTION: (u32, u32) = (2, 3);
+/// The smallest gap allowed between the renew deadline and the ttl, as a fraction of the ttl
+/// (1/5): the leader must stop trusting itself well before the store can hand the lock on.
+pub const MIN_DEADLINE_MARGIN_DIVISOR: u32 = 5;
 /// What a backend tells the campaign about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BackendInfo {
@@ -286,9 +293,9 @@ pub struct BackendInfo {
 pub enum DeadlineRule {
     /// The store expires a session a ttl after it received the last renewal it confirmed
     /// (etcd, Consul, Redis, and the others). Renew deadline: 2/3 of the ttl by default
-    /// ([`DEFAULT_RENEW_DEADLINE_FRACTION`](crate::config::DEFAULT_RENEW_DEADLINE_FRACTION)),
+    /// ([`DEFAULT_RENEW_DEADLINE_FRACTION`]),
     /// at most the ttl minus a fifth
-    /// ([`MIN_DEADLINE_MARGIN_DIVISOR`](crate::config::MIN_DEADLINE_MARGIN_DIVISOR)).
+    /// ([`MIN_DEADLINE_MARGIN_DIVISOR`]).
     Renewal,
     /// The store may count the ttl from the session's activity *before* the last confirmed
     /// renewal, and up to an eighth of the ttl later than that activity: ZooKeeper, whose
@@ -310,7 +317,7 @@ impl DeadlineRule {
     pub fn default_deadline(self, ttl: Duration, renew_interval: Duration) -> Duration {
         match self {
             DeadlineRule::Renewal => {
-                let (num, den) = crate::config::DEFAULT_RENEW_DEADLINE_FRACTION;
+                let (num, den) = DEFAULT_RENEW_DEADLINE_FRACTION;
                 ttl * num / den
             }
             DeadlineRule::PreviousActivity => (ttl / 2).min(self.max_deadline(ttl, renew_interval)),
@@ -320,7 +327,7 @@ impl DeadlineRule {
     /// The longest renew deadline accepted for `ttl` and `renew_interval`.
     pub fn max_deadline(self, ttl: Duration, renew_interval: Duration) -> Duration {
         match self {
-            DeadlineRule::Renewal => ttl - ttl / crate::config::MIN_DEADLINE_MARGIN_DIVISOR,
+            DeadlineRule::Renewal => ttl - ttl / MIN_DEADLINE_MARGIN_DIVISOR,
             DeadlineRule::PreviousActivity => {
                 let (num, den) = Self::PING_AFTER;
                 let gap = renew_interval.min(ttl * num / den);
