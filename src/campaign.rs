@@ -23,6 +23,7 @@
 //! (there is no term to end or update) and the wait goes on.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -194,9 +195,15 @@ impl Campaign {
         self.handle.hand_over(to).await
     }
 
-    /// See [`CampaignHandle::shutdown`].
-    pub async fn shutdown(self) -> Result<()> {
-        self.handle.shutdown().await
+    /// See [`CampaignHandle::shutdown`]: the shutdown starts when this is called; the
+    /// future returned waits for it to end, holding the campaign meanwhile.
+    pub fn shutdown(self) -> impl Future<Output = Result<()>> + Send + 'static {
+        let stopping = self.handle.shutdown();
+        async move {
+            let stopped = stopping.await;
+            drop(self);
+            stopped
+        }
     }
 }
 
@@ -325,19 +332,24 @@ impl CampaignHandle {
     /// When the store finishes the release by itself (etcd revoking a lease every campaign
     /// of which is shutting down), the campaign's state is freed meanwhile and this call
     /// awaits the store. Calling it on a stopped campaign returns at once.
-    pub async fn shutdown(&self) -> Result<()> {
+    ///
+    /// The shutdown starts when this is called, not when the future is first polled: of many
+    /// campaigns shut down together, none goes on campaigning (or takes office) while it
+    /// waits for its turn to be polled, and all of them are told at once.
+    pub fn shutdown(&self) -> impl Future<Output = Result<()>> + Send + use<> {
         let (done, wait) = oneshot::channel();
-        if self
+        let sent = self
             .shared
             .commands
             .send(Command::Shutdown { done: Some(done) })
-            .is_ok()
-            && let Ok(Some(settling)) = wait.await
-        {
-            // The campaign has stopped; the store is finishing its release.
-            settling.await;
+            .is_ok();
+        async move {
+            if sent && let Ok(Some(settling)) = wait.await {
+                // The campaign has stopped; the store is finishing its release.
+                settling.await;
+            }
+            Ok(())
         }
-        Ok(())
     }
 }
 

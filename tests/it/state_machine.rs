@@ -328,6 +328,40 @@ async fn shutdown_releases_the_lock_and_closes_the_session() {
     assert_eq!(status.borrow().role, Role::Stopped);
 }
 
+/// Of many campaigns shut down together, none goes on (or takes office) while its shutdown
+/// waits to be polled: the command leaves when `shutdown()` is called.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_starts_when_called_not_when_first_awaited() {
+    let store = MemoryBackend::new();
+    let mut a = election(&store, "a").campaign();
+    let term = elected(&mut a, TTL).await;
+    let b = election(&store, "b").campaign();
+    let mut b_status = b.status();
+    b_status
+        .wait_for(|s| s.role == Role::Follower)
+        .await
+        .expect("b follows");
+    let handle_b = b.handle();
+    let stopping_b = handle_b.shutdown();
+    let stopping_a = a.shutdown();
+    timeout(TTL, term.cancelled())
+        .await
+        .expect("a's term ends before its shutdown is awaited");
+    timeout(TTL, b_status.wait_for(|s| s.role == Role::Stopped))
+        .await
+        .expect("b stops before its shutdown is awaited")
+        .expect("b's status");
+    // b never led (no term of it ended): it was told to stop before a released the lock.
+    assert_eq!(
+        b_status.borrow().last_demotion,
+        None,
+        "b took office after its shutdown was called"
+    );
+    stopping_a.await.expect("shutdown");
+    stopping_b.await.expect("shutdown");
+    assert_eq!(store.holder(NAME), None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn dropping_a_campaign_shuts_it_down() {
     let store = MemoryBackend::new();
