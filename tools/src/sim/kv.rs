@@ -504,15 +504,10 @@ impl Backend for KvBackend {
     fn info(&self) -> BackendInfo {
         let poll = self.world.lock().params.poll;
         BackendInfo {
-            name: NAME,
-            min_ttl: Duration::from_millis(1),
-            max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Poll(poll),
-            renew_divisor: 3,
             max_lock_delay: None,
-            frees_dead_holder_at_once: false,
             // Hand-overs are not simulated: `take_over` is the default (an acquire).
-            hand_over: incumbent::backend::HandOverStyle::Escrow,
+            ..BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
         }
     }
 

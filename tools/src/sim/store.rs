@@ -225,15 +225,10 @@ impl Backend for SimBackend {
 
     fn info(&self) -> BackendInfo {
         BackendInfo {
-            name: NAME,
-            min_ttl: Duration::from_millis(1),
-            max_ttl: Duration::from_secs(86_400),
             wakeup: Wakeup::Push,
-            renew_divisor: 3,
             max_lock_delay: Some(Duration::MAX),
-            frees_dead_holder_at_once: false,
             // Hand-overs are not simulated: `take_over` is the default (an acquire).
-            hand_over: incumbent::backend::HandOverStyle::Escrow,
+            ..BackendInfo::new(NAME, Duration::from_millis(1), Duration::from_secs(86_400))
         }
     }
 
