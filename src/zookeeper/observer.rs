@@ -72,28 +72,40 @@ impl ZookeeperObserver {
     async fn read(&mut self) -> Result<()> {
         self.watches.clear();
         let client = self.backend.reader().await?;
-        let children = self
-            .backend
-            .request(
-                "watching the candidates",
-                client.list_and_watch_children(&self.path),
-            )
-            .await;
-        match children {
-            Ok((_, watcher)) => self.watches.push(Box::pin(watcher.changed())),
-            Err(zk::Error::NoNode) => {
-                // No election node yet: wait for its creation.
-                let (_, watcher) = self
-                    .backend
-                    .request(
-                        "watching the election's node",
-                        client.check_and_watch_stat(&self.path),
-                    )
-                    .await
-                    .map_err(|e| from_client(e, "watching the election's node"))?;
-                self.watches.push(Box::pin(watcher.changed()));
+        // The election's node may be created between a list that finds none and the watch on
+        // its creation: that watch then fires for nothing more (a data watch does not fire
+        // for children), so the list is made again, with its child watch. Twice at most: a
+        // node once created is only deleted when the election is removed by hand.
+        for _ in 0..2 {
+            let children = self
+                .backend
+                .request(
+                    "watching the candidates",
+                    client.list_and_watch_children(&self.path),
+                )
+                .await;
+            match children {
+                Ok((_, watcher)) => {
+                    self.watches.push(Box::pin(watcher.changed()));
+                    break;
+                }
+                Err(zk::Error::NoNode) => {
+                    // No election node yet: wait for its creation.
+                    let (stat, watcher) = self
+                        .backend
+                        .request(
+                            "watching the election's node",
+                            client.check_and_watch_stat(&self.path),
+                        )
+                        .await
+                        .map_err(|e| from_client(e, "watching the election's node"))?;
+                    self.watches.push(Box::pin(watcher.changed()));
+                    if stat.is_none() {
+                        break;
+                    }
+                }
+                Err(e) => return Err(from_client(e, "watching the candidates")),
             }
-            Err(e) => return Err(from_client(e, "watching the candidates")),
         }
         self.holder = self.backend.read_holder(&client, &self.path).await?;
         if let Some(holder) = &self.holder {

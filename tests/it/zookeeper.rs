@@ -243,6 +243,59 @@ async fn a_follower_away_while_the_leader_left_is_woken_when_it_reconnects() {
     drop(a_session);
 }
 
+/// An observer's first read finds no election node, and its watch for the node's creation
+/// reaches the server only after the node was created (a slow link, 600 ms each way): that
+/// watch will never fire for a candidate (a node's data watch does not fire for its
+/// children), so the observer lists the election again, with a child watch, and sees the
+/// first candidate when it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_whose_election_is_created_behind_its_back_sees_the_first_candidate() {
+    let server = ZookeeperServer::single().await;
+    let proxy = Proxy::start(server.client_addr());
+    let slow = connect(&proxy.addr().to_string()).await;
+    let fast = connect(&server.connect_string()).await;
+    let admin = operator(&server).await;
+    let path = slow.election_path("late");
+    let mut observer = slow.observe("late").await.expect("observe");
+    proxy.set_latency(Duration::from_millis(600));
+    let first = tokio::spawn(async move {
+        let first = observer.next().await.expect("the first read");
+        (observer, first)
+    });
+    // The list (sent at once) reaches the server at 600 ms and finds no node; the watch on
+    // the node's creation is sent when that answer is back, at 1,200 ms, and arrives at
+    // 1,800 ms. The node is created between the two.
+    sleep(Duration::from_millis(1_500)).await;
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let mut made = String::new();
+    for part in path.trim_start_matches('/').split('/') {
+        made = format!("{made}/{part}");
+        match admin.create(&made, b"", &open).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => panic!("create {made}: {e}"),
+        }
+    }
+    let (mut observer, first) = timeout(PATIENCE, first)
+        .await
+        .expect("the first read ends")
+        .expect("the observer's task");
+    assert_eq!(first, None, "nobody leads yet");
+    proxy.set_latency(Duration::ZERO);
+    let session = fast.open_session(&options(TTL)).await.expect("session");
+    let mut a = session
+        .contend("late", &candidate("a"))
+        .await
+        .expect("contend");
+    let a_token = token(&mut a).await;
+    let seen = timeout(PATIENCE, observer.next())
+        .await
+        .expect("the observer sees the first candidate")
+        .expect("read")
+        .expect("a leads");
+    assert_eq!(seen.candidate.id, "a");
+    assert_eq!(seen.fencing_token, Some(a_token));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_closed_by_another_client_demotes_with_session_expired() {
     let server = ZookeeperServer::single().await;
