@@ -293,14 +293,14 @@ pub struct BackendInfo {
 pub enum DeadlineRule {
     /// The store expires a session a ttl after it received the last renewal it confirmed
     /// (etcd, Consul, Redis, and the others). Renew deadline: 2/3 of the ttl by default
-    /// ([`DEFAULT_RENEW_DEADLINE_FRACTION`]),
-    /// at most the ttl minus a fifth
+    /// ([`DEFAULT_RENEW_DEADLINE_FRACTION`]), at most the ttl minus a fifth
     /// ([`MIN_DEADLINE_MARGIN_DIVISOR`]).
     Renewal,
     /// The store may count the ttl from the session's activity *before* the last confirmed
-    /// renewal, and up to an eighth of the ttl later than that activity: ZooKeeper, whose
-    /// leader expires sessions from what its followers report of them, every half tick (see
-    /// the ZooKeeper backend's "Why renewals sync"). The deadline plus the longest gap between
+    /// renewal, or up to half a tick before even that (an eighth of the ttl, with a ttl of
+    /// four ticks or more): ZooKeeper, whose leader expires sessions from what its followers
+    /// report of them, every half tick (see the ZooKeeper backend's "Why renewals sync").
+    /// The deadline plus the longest gap between
     /// two of the session's requests (the renew interval, or [`PING_AFTER`](Self::PING_AFTER)
     /// of the ttl when the client pings first) must stay under 17/20 of the ttl: at most
     /// `17/20 ttl - min(renew interval, 7/20 ttl)`, half the ttl by default.
