@@ -134,18 +134,24 @@ impl Draft {
             .unwrap_or_else(|| backend.deadline.default_deadline(ttl, renew_interval));
         let max_deadline = backend.deadline.max_deadline(ttl, renew_interval);
         if renew_deadline.is_zero() || renew_deadline > max_deadline {
-            let rule = match backend.deadline {
-                DeadlineRule::PreviousActivity => format!(
-                    "17/20 of the ttl {ttl:?} minus the gap between two renewals, at most 7/20 of \
-                     it: {} may count the session's time from the activity before the last renewal",
-                    backend.name
+            let (rule, fix) = match backend.deadline {
+                DeadlineRule::PreviousActivity => (
+                    format!(
+                        "17/20 of the ttl {ttl:?} minus the gap between two renewals, at most \
+                         7/20 of it: {} may count the session's time from the activity before \
+                         the last renewal",
+                        backend.name
+                    ),
+                    "lower .renew_deadline(), renew more often (.renew_interval()) or raise .ttl()",
                 ),
-                _ => format!("ttl {ttl:?} minus 1/{MIN_DEADLINE_MARGIN_DIVISOR}"),
+                _ => (
+                    format!("ttl {ttl:?} minus 1/{MIN_DEADLINE_MARGIN_DIVISOR}"),
+                    "lower .renew_deadline() or raise .ttl()",
+                ),
             };
             return Err(Error::timing(format!(
                 "renew_deadline {renew_deadline:?} must be above zero and at most {max_deadline:?} \
-                 ({rule}) so the leader fences itself before the store can expire its lease; \
-                 lower .renew_deadline() or raise .ttl()"
+                 ({rule}) so the leader fences itself before the store can expire its lease; {fix}"
             )));
         }
         if renew_interval.is_zero() || renew_interval >= renew_deadline {
@@ -369,7 +375,8 @@ mod tests {
             Err(Error::InvalidTiming { reason }) => assert!(
                 reason.contains("6.2s")
                     && reason.contains("zookeeper")
-                    && reason.contains(".renew_deadline()"),
+                    && reason.contains(".renew_deadline()")
+                    && reason.contains(".renew_interval()"),
                 "{reason}"
             ),
             other => panic!("{other:?}"),
