@@ -544,35 +544,50 @@ impl<S: Store> Contender for PolledContender<S> {
                 return Ok(());
             }
             // An acquire's answer was lost, or the acquire was dropped with a write in
-            // flight: the key may be ours without our knowing. Where the store could apply
-            // that write after a read sent now, its answer is awaited first. A write still on
-            // its way may land after a first read, so a read that finds nothing of ours is
-            // made once more after a pause. A write that lands later still holds the key only
-            // until its expiry, one ttl: nobody renews it.
-            store.writes_settled(&self.key).await;
-            for pass in 0..2 {
-                if pass == 1 {
-                    tokio::time::sleep(UNCERTAIN_RECHECK).await;
-                }
-                match store.read(&self.key).await? {
-                    Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
-                        store.release(&self.key, &value).await?;
-                        self.backend().released(&self.key, self.handle);
-                        return Ok(());
-                    }
-                    _ => {}
-                }
-            }
-            return Ok(());
+            // flight: the key may be ours without our knowing.
+            return self.release_what_is_ours().await;
         }
         let (value, pending) = self.current();
         self.forget();
         let mut released = store.release(&self.key, &value).await;
         if let Some(pending) = pending {
             released = released.and(store.release(&self.key, &pending).await);
+            // The replace that was to write `pending` (a proclaim, the mark of a term's
+            // start) went unanswered, its request dropped: it may still land, after both
+            // releases, on a store that serves it on another connection (PostgreSQL's pool),
+            // and hold the key for a ttl. So the key is read again, as after a lost acquire.
+            if released.is_ok() {
+                released = self.release_what_is_ours().await;
+            }
         }
         self.backend().released(&self.key, self.handle);
         released
+    }
+}
+
+impl<S: Store> PolledContender<S> {
+    /// Releases whatever value of ours the key holds, found by reading it. Where the store
+    /// could apply a write of ours after a read sent now, that write's answer is awaited
+    /// first. A write still on its way may land after a first read, so a read that finds
+    /// nothing of ours is made once more after a pause. A write that lands later still
+    /// holds the key only until its expiry, one ttl: nobody renews it.
+    async fn release_what_is_ours(&self) -> Result<()> {
+        let store = self.session.backend.store();
+        store.writes_settled(&self.key).await;
+        for pass in 0..2 {
+            if pass == 1 {
+                tokio::time::sleep(UNCERTAIN_RECHECK).await;
+            }
+            match store.read(&self.key).await? {
+                Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
+                    store.release(&self.key, &value).await?;
+                    self.backend().released(&self.key, self.handle);
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
