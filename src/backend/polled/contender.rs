@@ -545,7 +545,10 @@ impl<S: Store> Contender for PolledContender<S> {
             }
             // An acquire's answer was lost, or the acquire was dropped with a write in
             // flight: the key may be ours without our knowing.
-            return self.release_what_is_ours().await;
+            if self.release_what_is_ours().await? {
+                self.backend().released(&self.key, self.handle);
+            }
+            return Ok(());
         }
         let (value, pending) = self.current();
         self.forget();
@@ -557,7 +560,7 @@ impl<S: Store> Contender for PolledContender<S> {
             // releases, on a store that serves it on another connection (PostgreSQL's pool),
             // and hold the key for a ttl. So the key is read again, as after a lost acquire.
             if released.is_ok() {
-                released = self.release_what_is_ours().await;
+                released = self.release_what_is_ours().await.map(drop);
             }
         }
         self.backend().released(&self.key, self.handle);
@@ -570,8 +573,9 @@ impl<S: Store> PolledContender<S> {
     /// could apply a write of ours after a read sent now, that write's answer is awaited
     /// first. A write still on its way may land after a first read, so a read that finds
     /// nothing of ours is made once more after a pause. A write that lands later still
-    /// holds the key only until its expiry, one ttl: nobody renews it.
-    async fn release_what_is_ours(&self) -> Result<()> {
+    /// holds the key only until its expiry, one ttl: nobody renews it. Whether it found (and
+    /// released) one.
+    async fn release_what_is_ours(&self) -> Result<bool> {
         let store = self.session.backend.store();
         store.writes_settled(&self.key).await;
         for pass in 0..2 {
@@ -581,13 +585,12 @@ impl<S: Store> PolledContender<S> {
             match store.read(&self.key).await? {
                 Some(value) if owner_of(&value).is_some_and(|owner| owner == self.owner) => {
                     store.release(&self.key, &value).await?;
-                    self.backend().released(&self.key, self.handle);
-                    return Ok(());
+                    return Ok(true);
                 }
                 _ => {}
             }
         }
-        Ok(())
+        Ok(false)
     }
 }
 
