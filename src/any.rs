@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::backend::{
     Attempt, Backend, BackendInfo, Candidate, Contender, Leader, LockLoss, Observer, Session,
-    SessionHealth, SessionOptions,
+    SessionHealth, SessionOptions, ShutdownNotice,
 };
 use crate::url::{BackendUrl, WithBackend};
 use crate::{Error, Result};
@@ -173,6 +173,12 @@ macro_rules! any_backend {
             fn leaving(&self) {
                 match self {
                     $( $(#[$cfg])* AnySession::$variant(s) => s.leaving(), )*
+                }
+            }
+
+            fn shutdown_notice(&self) -> Option<ShutdownNotice> {
+                match self {
+                    $( $(#[$cfg])* AnySession::$variant(s) => s.shutdown_notice(), )*
                 }
             }
 

@@ -36,7 +36,7 @@ use tracing::Instrument;
 
 use crate::backend::{
     Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Observer, Session, SessionHealth,
-    Settling, Wakeup, unix_ms_now,
+    Settling, ShutdownNotice, Wakeup, lock, unix_ms_now,
 };
 use crate::config::Config;
 use crate::event::{DemotionReason, LeadershipEvent, Problem, Role, Status};
@@ -89,6 +89,20 @@ struct Shared {
     commands: QueueSender<Command>,
     status: watch::Receiver<Status>,
     subscribers: Subscribers,
+    /// The [`ShutdownNotice`] of the campaign's session, while it has one: given by whoever
+    /// asks the campaign to shut down, at the moment of the ask. The engine (which holds
+    /// this weakly) empties it before its session is closed or dropped.
+    notice: Mutex<Option<ShutdownNotice>>,
+}
+
+impl Shared {
+    /// Gives the session's notice, if any (under its lock: the engine cannot close the
+    /// session meanwhile).
+    fn give_notice(&self) {
+        if let Some(notice) = lock(&self.notice).as_ref() {
+            notice.give();
+        }
+    }
 }
 
 type Subscribers = Fanout<LeadershipEvent>;
@@ -196,19 +210,25 @@ impl Campaign {
     }
 
     /// See [`CampaignHandle::shutdown`]: the shutdown starts when this is called; the
-    /// future returned waits for it to end, holding the campaign meanwhile.
+    /// future returned waits for it to end. It holds the campaign until the campaign has
+    /// stopped, and frees it while the store finishes the release (the events nobody read,
+    /// the status): of many campaigns shut down at once, that work overlaps the store's.
     pub fn shutdown(self) -> impl Future<Output = Result<()>> + Send + 'static {
-        let stopping = self.handle.shutdown();
+        let stopping = self.handle.stop();
         async move {
-            let stopped = stopping.await;
+            let settling = stopping.await;
             drop(self);
-            stopped
+            if let Some(settling) = settling {
+                settling.await;
+            }
+            Ok(())
         }
     }
 }
 
 impl Drop for Campaign {
     fn drop(&mut self) {
+        self.handle.shared.give_notice();
         let _ = self
             .handle
             .shared
@@ -335,8 +355,25 @@ impl CampaignHandle {
     ///
     /// The shutdown starts when this is called, not when the future is first polled: of many
     /// campaigns shut down together, none goes on campaigning (or takes office) while it
-    /// waits for its turn to be polled, and all of them are told at once.
+    /// waits for its turn to be polled, and all of them are told at once. The store's
+    /// session hears of it at the call too ([`Session::shutdown_notice`]): on etcd, once every
+    /// campaign on a lease was told, they leave their keys to one revoke of the lease instead
+    /// of a delete each.
     pub fn shutdown(&self) -> impl Future<Output = Result<()>> + Send + use<> {
+        let stopping = self.stop();
+        async move {
+            if let Some(settling) = stopping.await {
+                // The campaign has stopped; the store is finishing its release.
+                settling.await;
+            }
+            Ok(())
+        }
+    }
+
+    /// Tells the campaign to stop, now; the future returned resolves once it has, with the
+    /// rest of the release the store is finishing, if any.
+    fn stop(&self) -> impl Future<Output = Option<Settling>> + Send + use<> {
+        self.shared.give_notice();
         let (done, wait) = oneshot::channel();
         let sent = self
             .shared
@@ -344,11 +381,10 @@ impl CampaignHandle {
             .send(Command::Shutdown { done: Some(done) })
             .is_ok();
         async move {
-            if sent && let Ok(Some(settling)) = wait.await {
-                // The campaign has stopped; the store is finishing its release.
-                settling.await;
+            match sent {
+                true => wait.await.ok().flatten(),
+                false => None,
             }
-            Ok(())
         }
     }
 }
@@ -397,8 +433,10 @@ pub(crate) fn spawn<B: Backend>(
             commands: commands_tx,
             status: status_rx,
             subscribers: subscribers.clone(),
+            notice: Mutex::new(None),
         }),
     };
+    let shared = Arc::downgrade(&handle.shared);
     before_start(&handle);
     let span = tracing::info_span!(
         "election",
@@ -419,6 +457,7 @@ pub(crate) fn spawn<B: Backend>(
         },
         status,
         subscribers,
+        shared,
         leader_reported: false,
         failures: 0,
         quick_losses: 0,
@@ -473,6 +512,9 @@ struct Engine<B: Backend> {
     inbox: Inbox,
     status: watch::Sender<Status>,
     subscribers: Subscribers,
+    /// What the campaign's handles share, for the session's shutdown notice
+    /// ([`Shared::notice`]). Weak: the engine's hold must not keep the commands' queue open.
+    shared: std::sync::Weak<Shared>,
     /// Whether a leader (or none) was reported yet: later, `LeaderChanged` is sent only
     /// when the status's leader changes.
     leader_reported: bool,
@@ -882,6 +924,8 @@ impl<B: Backend> Engine<B> {
                 let Err(panic) = CatchUnwind(Box::pin(self.run())).await else {
                     return;
                 };
+                // The unwinding dropped the session.
+                self.forget_session();
                 let message = panic_message(panic.as_ref());
                 if Box::pin(self.recover(message)).await.is_err() {
                     self.stopped();
@@ -932,10 +976,15 @@ impl<B: Backend> Engine<B> {
                 Some(s) if s.health().borrow().lost.is_none() => s,
                 stale => {
                     if let Some(s) = stale {
-                        close_in_background(s);
+                        self.close_in_background(s);
                     }
                     match Box::pin(self.open_session()).await {
-                        Some(s) => s,
+                        Some(s) => {
+                            if let Some(shared) = self.shared.upgrade() {
+                                *lock(&shared.notice) = s.shutdown_notice();
+                            }
+                            s
+                        }
                         None => break,
                     }
                 }
@@ -960,7 +1009,7 @@ impl<B: Backend> Engine<B> {
                     if trusted {
                         session = Some(current);
                     } else {
-                        close_in_background(current);
+                        self.close_in_background(current);
                     }
                     let backoff = self.config.backoff.delay(self.quick_losses);
                     let delay = self.inbox.yielding().map_or(backoff, |y| y.max(backoff));
@@ -973,7 +1022,7 @@ impl<B: Backend> Engine<B> {
                     }
                 }
                 Pursuit::SessionLost => {
-                    close_in_background(current);
+                    self.close_in_background(current);
                     // Back off: a store that hands out sessions it loses at once must not
                     // be asked for new ones in a hot loop.
                     let error = Error::Unavailable {
@@ -1004,6 +1053,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
+        self.forget_session();
         if let Some(s) = session {
             let closing = timeout(self.config.renew_deadline, s.close()).await;
             if !matches!(closing, Ok(Ok(()))) {
@@ -1013,6 +1063,20 @@ impl<B: Backend> Engine<B> {
         self.stopped();
         self.inbox.answer_shutdowns().await;
         tracing::info!("campaign stopped");
+    }
+
+    /// Empties the notice slot: the session is about to be closed or dropped, and a shutdown
+    /// asked from now on concerns no session (the next one's notice replaces it).
+    fn forget_session(&self) {
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared.notice).take();
+        }
+    }
+
+    /// Closes a session the campaign is done with in a task of its own.
+    fn close_in_background(&self, session: B::Session) {
+        self.forget_session();
+        close_in_background(session);
     }
 
     /// The campaign's end, however it comes: the status says stopped (never leader), and

@@ -518,6 +518,17 @@ pub trait Session: Send + Sync + 'static {
     /// same of its handle. The default does nothing.
     fn leaving(&self) {}
 
+    /// A notice for the session's user to give, from any thread, the moment it is asked to
+    /// shut down: before its campaign's task has seen the ask, let alone released its claim.
+    /// A store can then tell a mass shutdown from a single one at once (etcd: once every
+    /// user of a shared lease was asked, none deletes its key one by one; the revoke after
+    /// the last of them has left deletes them all). Giving it changes nothing else: the
+    /// user still releases its claims and closes the handle as always. `None` (the
+    /// default): the store has no use for it.
+    fn shutdown_notice(&self) -> Option<ShutdownNotice> {
+        None
+    }
+
     /// Ends this handle's use of the session. When no other election uses it, the store's
     /// session is destroyed (lease revoked), releasing anything it still holds at once.
     fn close(self) -> impl Future<Output = Result<()>> + Send;
@@ -586,6 +597,28 @@ pub trait Contender: Send + 'static {
     /// [`release`](Contender::release), with nothing left.
     fn leave(&mut self) -> impl Future<Output = Result<Option<Settling>>> + Send {
         async { self.release().await.map(|()| None) }
+    }
+}
+
+/// What a session's user calls the moment it is asked to shut down: see
+/// [`Session::shutdown_notice`]. It must not block (it takes a lock, and counts).
+pub struct ShutdownNotice(Box<dyn Fn() + Send + Sync>);
+
+impl ShutdownNotice {
+    /// A notice that calls `notify` each time it is given.
+    pub fn new(notify: impl Fn() + Send + Sync + 'static) -> ShutdownNotice {
+        ShutdownNotice(Box::new(notify))
+    }
+
+    /// Tells the session that its user was asked to shut down.
+    pub fn give(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for ShutdownNotice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ShutdownNotice")
     }
 }
 

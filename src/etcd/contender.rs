@@ -23,6 +23,10 @@ const MAX_WRITES: usize = 3;
 /// How many times the lease is asked about, after the leader's key was deleted, to tell an
 /// operator's delete from an expired lease.
 const LEASE_CHECKS: usize = 3;
+/// How long, in ttls, a leaver waits for the revoke of its lease before it deletes its key
+/// itself (see [`EtcdContender::delete_unless_revoked`]): half the time a crashed process's
+/// key would stay.
+const REVOKE_PATIENCE: f64 = 0.5;
 
 /// One session's claim on one etcd election: the key `<prefix><election>@<lease id>`.
 ///
@@ -175,17 +179,15 @@ impl EtcdContender {
             // requests concurrently, and a write still on its way could land after the delete.
             self.writing.settle().await;
         }
-        if leaving {
-            // After the write settled: a revoke for the leavers deletes every key of the lease.
-            self.lease.leaving(self.handle);
-        }
+        // After the write settled: a revoke for the leavers deletes every key of the lease.
+        let all_asked = leaving && self.lease.leaving(self.handle);
         if nothing_written {
             return Ok(None);
         }
-        let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
         let settling = if leaving {
-            self.delete_unless_revoked(delete).await?
+            self.delete_unless_revoked(all_asked).await?
         } else {
+            let delete = Txn::new().and_then([TxnOp::delete(self.key.clone(), None)]);
             self.backend
                 .batched("deleting the candidate key", self.range(), delete)
                 .await?;
@@ -203,33 +205,48 @@ impl EtcdContender {
     /// as [`Settling`] for whoever waits for the campaign's shutdown: the campaigns of the
     /// lease then tear down while etcd revokes it (100,000 at once took a second of two cores,
     /// which used to come after the revoke), and the shutdowns still return once it is done.
-    async fn delete_unless_revoked(&self, delete: Txn) -> Result<Option<Settling>> {
+    ///
+    /// So it is too when the revoke has not started but is sure to come (`all_asked`: every
+    /// user of the lease was asked to shut down, [`Lease::asked`]): no delete is sent, where
+    /// 100,000 leavers used to send theirs in a thousand batches while the last of them were
+    /// still on their way out, each delete a change for every process's watch of the
+    /// elections. The wait for the revoke is bounded ([`REVOKE_PATIENCE`]): a user still
+    /// winding down its work (up to the grace) keeps the others' keys no longer than that.
+    async fn delete_unless_revoked(&self, all_asked: bool) -> Result<Option<Settling>> {
         let mut revoke = self.lease.revoke.subscribe();
         let state = *revoke.borrow_and_update();
         if state == Revoke::Done {
             return Ok(None);
         }
-        let backend = self.backend.clone();
-        let range = self.range().to_owned();
-        let lease = self.lease.id;
-        let mut deleting = Box::pin(async move {
-            let answer = batch::txn(&backend, &range, Some(lease), delete).await;
-            backend
-                .answer("deleting the candidate key", answer)
-                .map(drop)
-        });
-        if state == Revoke::Started {
-            // No delete queued: sent only if the revoke fails.
+        if state == Revoke::Started || all_asked {
+            // No delete queued: sent only if the revoke fails, or does not come in time. The
+            // delete's future is made only then (this one waits small, 100,000 at once).
+            let patience = self.lease.ttl.mul_f64(REVOKE_PATIENCE);
+            let (backend, key, range_len) =
+                (self.backend.clone(), self.key.clone(), self.range_len);
+            let lease = self.lease.id;
             return Ok(Some(Settling::new(async move {
-                let revoked = revoke
-                    .wait_for(|r| *r != Revoke::Started)
-                    .await
-                    .is_ok_and(|r| *r == Revoke::Done);
-                if !revoked && let Err(error) = deleting.await {
+                let revoked = tokio::time::timeout(patience, async {
+                    let _ = revoke.wait_for(|r| *r != Revoke::No).await;
+                    revoke
+                        .wait_for(|r| *r != Revoke::Started)
+                        .await
+                        .is_ok_and(|r| *r == Revoke::Done)
+                })
+                .await;
+                if revoked != Ok(true)
+                    && let Err(error) = Box::pin(delete_key(backend, key, range_len, lease)).await
+                {
                     tracing::debug!(%error, "could not delete the candidate key; the lease's expiry will");
                 }
             })));
         }
+        let mut deleting = Box::pin(delete_key(
+            self.backend.clone(),
+            self.key.clone(),
+            self.range_len,
+            self.lease.id,
+        ));
         tokio::select! {
             biased;
             changed = revoke.wait_for(|r| *r != Revoke::No) => {
@@ -830,6 +847,18 @@ impl Contender for EtcdContender {
     async fn leave(&mut self) -> Result<Option<Settling>> {
         self.give_up(true).await
     }
+}
+
+/// A leaver's delete of its `key` (the election's range its first `range_len` bytes, bound to
+/// `lease`), as it sends it when no revoke of the lease does the work: made (and queued)
+/// only when first polled.
+async fn delete_key(backend: EtcdBackend, key: String, range_len: usize, lease: i64) -> Result<()> {
+    let range = key[..range_len].to_owned();
+    let delete = Txn::new().and_then([TxnOp::delete(key, None)]);
+    let answer = batch::txn(&backend, &range, Some(lease), delete).await;
+    backend
+        .answer("deleting the candidate key", answer)
+        .map(drop)
 }
 
 /// How the newest two keys of a range are read: by create revision, newest first.

@@ -60,6 +60,9 @@ pub(super) struct Leavers {
     /// The ids ([`Lease::handle_id`]) of the leaving handles: only while a shutdown is under
     /// way, so an idle lease holds none.
     leaving: HashSet<u64>,
+    /// The ids of the handles whose user was asked to shut down ([`Lease::asked`]), leaving
+    /// or not yet: only while a shutdown is under way.
+    asked: HashSet<u64>,
     /// A revoke for the leavers was started: the lease is not shared any more.
     revoking: bool,
     /// The next handle's id.
@@ -70,7 +73,8 @@ impl Lease {
     /// Counts one more handle, unless the lease is being revoked for its leavers.
     pub fn try_join(&self) -> bool {
         let mut leavers = lock(&self.leavers);
-        if leavers.revoking {
+        // Nor once every user was asked to shut down: their leavers wait for that revoke.
+        if leavers.revoking || leavers.all_asked() {
             return false;
         }
         leavers.handles += 1;
@@ -92,7 +96,26 @@ impl Lease {
         self.change_leavers(|leavers| {
             leavers.handles = leavers.handles.saturating_sub(1);
             leavers.leaving.remove(&id);
+            leavers.asked.remove(&id);
         });
+    }
+
+    /// The user of handle `id` was asked to shut down (its campaign's
+    /// [`ShutdownNotice`](crate::backend::ShutdownNotice), given at the moment of the ask,
+    /// before the campaign's task has seen it). Once every handle's user was asked, the
+    /// revoke for the leavers is sure to come (after the last of them has left, whose term
+    /// has ended by then), so the leavers do not delete their keys one by one meanwhile
+    /// ([`leaving`](Self::leaving) tells them). A notice given after its handle parted (a
+    /// campaign's task unwinding as it is asked) may count one handle too many: its leavers
+    /// then wait for the revoke until the last handle leaves, or for their patience.
+    pub fn asked(&self, id: u64) {
+        if self.retired.load(Ordering::Acquire) {
+            return;
+        }
+        let mut leavers = lock(&self.leavers);
+        if !leavers.revoking {
+            leavers.asked.insert(id);
+        }
     }
 
     /// The handle `id` is leaving for good: its campaign shuts down, and releases its claim
@@ -101,23 +124,28 @@ impl Lease {
     /// etcd's own `Session.Close` does, instead of a delete each (its [`revoke`](Self::revoke)
     /// state tells the contenders still waiting on theirs). A lease with one handle that is
     /// not leaving is never revoked here: its keys stay.
-    pub fn leaving(self: &Arc<Self>, id: u64) {
+    ///
+    /// Returns whether every handle's user was asked to shut down ([`asked`](Self::asked)):
+    /// then that revoke is on its way, or sure to come once the others have left.
+    pub fn leaving(self: &Arc<Self>, id: u64) -> bool {
         self.change_leavers(|leavers| {
             leavers.leaving.insert(id);
-        });
+            leavers.all_asked()
+        })
     }
 
     /// Applies `change` to the leavers, and starts the revoke if every handle is leaving now.
-    fn change_leavers(self: &Arc<Self>, change: impl FnOnce(&mut Leavers)) {
-        let revoke = {
+    fn change_leavers<T>(self: &Arc<Self>, change: impl FnOnce(&mut Leavers) -> T) -> T {
+        let (changed, revoke) = {
             let mut leavers = lock(&self.leavers);
-            change(&mut leavers);
-            leavers.revoke_now()
+            let changed = change(&mut leavers);
+            (changed, leavers.revoke_now())
         };
         if revoke {
             self.retired.store(true, Ordering::Release);
             self.revoke_for_leavers();
         }
+        changed
     }
 
     /// Revokes the lease in a task of its own, for the leavers (see [`leaving`](Self::leaving)),
@@ -172,6 +200,11 @@ impl Lease {
 }
 
 impl Leavers {
+    /// Whether every handle's user was asked to shut down.
+    fn all_asked(&self) -> bool {
+        self.handles > 0 && self.asked.len() >= self.handles
+    }
+
     /// Whether every handle is leaving now, and nobody started the revoke yet (then this
     /// caller does).
     fn revoke_now(&mut self) -> bool {

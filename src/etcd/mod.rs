@@ -42,6 +42,12 @@
 //!   (or any other user) that is not shutting down is never revoked for the others; if the
 //!   revoke fails, each deletes its own key as usual. The campaigns tear down while etcd
 //!   revokes, and each `shutdown()` awaits the revoke (or the delete) before it returns.
+//!   Once every campaign on the lease was *asked* to shut down (`shutdown()` called, or the
+//!   `Campaign` dropped: counted at the call, before any campaign's task runs), none of them
+//!   sends a delete of its own while it waits for the others to stop: the revoke is sure to
+//!   come once the last has stopped its work. A leaver waits for it at most half the ttl (a
+//!   term still winding down, up to the grace, keeps the others' keys no longer than that),
+//!   then deletes its key itself.
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in

@@ -15,7 +15,7 @@ use super::{EtcdBackend, NAME, error};
 use crate::backend::keepalive::{KeepAlive, Renewal};
 use crate::backend::lock;
 use crate::backend::pool::{Poolable, Shared};
-use crate::backend::{Candidate, Session, SessionHealth, SessionOptions};
+use crate::backend::{Candidate, Session, SessionHealth, SessionOptions, ShutdownNotice};
 use crate::{Error, Result};
 
 /// Copies the keep-alive's health into the sessions' channel as it changes, keeping a loss
@@ -330,6 +330,22 @@ impl Session for EtcdSession {
         if self.id != 0 {
             self.lease.session().leaving(self.id);
         }
+    }
+
+    /// Counts this handle as asked to shut down: once every handle of the lease is, its
+    /// leavers leave their keys to the lease's revoke (see the [module](super) docs). Holds
+    /// the lease weakly: a notice kept longer than the handle never keeps the lease from its
+    /// revoke.
+    fn shutdown_notice(&self) -> Option<ShutdownNotice> {
+        if self.id == 0 {
+            return None;
+        }
+        let (lease, id) = (Arc::downgrade(&self.lease.session()), self.id);
+        Some(ShutdownNotice::new(move || {
+            if let Some(lease) = lease.upgrade() {
+                lease.asked(id);
+            }
+        }))
     }
 
     async fn close(mut self) -> Result<()> {

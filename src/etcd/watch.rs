@@ -194,18 +194,52 @@ pub(super) enum Interest {
 
 impl Interest {
     fn wants(&self, change: ChangeRef<'_>) -> bool {
+        self.wants_with(change, &LazyDigest::of(change.key))
+    }
+
+    /// [`wants`](Self::wants), with the change's key's digest computed at most once for
+    /// every view that looks at the change.
+    fn wants_with(&self, change: ChangeRef<'_>, key_digest: &LazyDigest<'_>) -> bool {
         match self {
             Interest::Everything => true,
             Interest::Deletes(keys) => {
                 change.deleted && keys.iter().any(|key| key.as_slice() == change.key)
             }
             Interest::Holder(None) => !change.deleted,
-            Interest::Holder(Some(key)) => *key == digest(change.key),
+            Interest::Holder(Some(key)) => *key == key_digest.get(),
             Interest::Held { key, created } => match change.deleted {
-                true => *key == digest(change.key),
+                true => *key == key_digest.get(),
                 false => change.create_revision < *created,
             },
             Interest::Nothing => false,
+        }
+    }
+}
+
+/// A key's [`digest`], computed when first asked for, then kept: the hub asks it once per
+/// change for all the views of the change's range (two per election and process: a
+/// contender's and its campaign's observer's), not once per view.
+struct LazyDigest<'k> {
+    key: &'k [u8],
+    digest: std::cell::Cell<Option<u64>>,
+}
+
+impl<'k> LazyDigest<'k> {
+    fn of(key: &'k [u8]) -> LazyDigest<'k> {
+        LazyDigest {
+            key,
+            digest: std::cell::Cell::new(None),
+        }
+    }
+
+    fn get(&self) -> u64 {
+        match self.digest.get() {
+            Some(digest) => digest,
+            None => {
+                let computed = digest(self.key);
+                self.digest.set(Some(computed));
+                computed
+            }
         }
     }
 }
@@ -358,11 +392,12 @@ impl Shared {
             };
             range.last = range.last.max(change.mod_revision);
             range.known = std::mem::take(&mut range.known).after(change, value);
+            let key_digest = LazyDigest::of(change.key);
             for view in &range.views {
                 // Only to a view that takes it: a follower waits for one key's delete, and
                 // every other change of its election (each candidate's write, each release)
                 // would otherwise wake its campaign for nothing.
-                if lock(view).takes(change) {
+                if lock(view).takes_with(change, &key_digest) {
                     staged.push((view.clone(), change.to_owned()));
                 }
             }
@@ -436,7 +471,13 @@ impl Known {
 impl View {
     /// Whether `change` is for the owner: after its last read, and of interest.
     fn takes(&self, change: ChangeRef<'_>) -> bool {
-        self.read.is_none_or(|read| change.mod_revision > read) && self.interest.wants(change)
+        self.takes_with(change, &LazyDigest::of(change.key))
+    }
+
+    /// [`takes`](Self::takes), with the change's key's digest as the hub keeps it.
+    fn takes_with(&self, change: ChangeRef<'_>, key_digest: &LazyDigest<'_>) -> bool {
+        self.read.is_none_or(|read| change.mod_revision > read)
+            && self.interest.wants_with(change, key_digest)
     }
 
     /// Keeps `change` for the owner if it [`takes`](Self::takes) it (past [`MAX_PENDING`],

@@ -627,6 +627,12 @@ fn assert_revoked_at_once(revisions: &std::collections::BTreeMap<i64, usize>) {
     );
 }
 
+/// That etcd holds no lease, and no key under `backend`'s prefix.
+async fn assert_all_gone(client: &mut Client, backend: &EtcdBackend) {
+    assert_eq!(lease_count(client).await, 0, "the lease is revoked");
+    assert_eq!(keys_left(client, backend).await, [""; 0], "no key is left");
+}
+
 /// An etcd server, a proxy in front of it, an operator's client (straight to etcd) and a
 /// backend through the proxy.
 async fn etcd_behind_a_proxy() -> (EtcdServer, Proxy, Client, EtcdBackend) {
@@ -674,12 +680,101 @@ async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_
     }
     let revisions = deletes.by_revision(COUNT).await;
     assert_revoked_at_once(&revisions);
-    assert_eq!(lease_count(&mut client).await, 0, "the lease is revoked");
+    assert_all_gone(&mut client, &backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaigns_asked_to_shut_down_together_leave_every_key_to_one_revoke() {
+    const COUNT: usize = 200;
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut campaigns = leading_on_one_lease(&backend, "together", COUNT).await;
+    assert_eq!(lease_count(&mut client).await, 1);
+    // Each term's work holds it until every shutdown was asked: no campaign can leave before
+    // the last ask, as none could in a process whose campaigns are all told at once.
+    let mut guards = Vec::new();
+    for campaign in &mut campaigns {
+        guards.push(elected(campaign, PATIENCE).await.hold());
+    }
+    let mut deletes = Deletes::watch(&mut client, &backend).await;
+
+    let stopping: Vec<_> = campaigns
+        .into_iter()
+        .map(|campaign| tokio::spawn(campaign.shutdown()))
+        .collect();
+    drop(guards);
+    for stopped in stopping {
+        timeout(PATIENCE, stopped)
+            .await
+            .expect("shuts down")
+            .expect("its task")
+            .expect("a clean shutdown");
+    }
+
+    // No leaver deleted its key (with its request slots free, the first ones used to): the
+    // revoke after the last one left deleted them all, at one revision.
+    let revisions = deletes.by_revision(COUNT).await;
     assert_eq!(
-        keys_left(&mut client, &backend).await,
-        [""; 0],
-        "no key is left"
+        revisions.len(),
+        1,
+        "the keys went at several revisions: {revisions:?}"
     );
+    assert_all_gone(&mut client, &backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaver_waits_for_the_revoke_at_most_half_the_ttl_while_another_winds_down() {
+    const TTL: Duration = Duration::from_secs(2);
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    // On one lease: `slow`, whose worker takes its time to stop (a guard held, a long grace),
+    // and `quick`.
+    let mut slow = Election::builder(backend.clone(), "slow")
+        .candidate("host-a")
+        .ttl(TTL)
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .grace(PATIENCE)
+        .build()
+        .expect("valid election")
+        .campaign();
+    let term = elected(&mut slow, PATIENCE).await;
+    let guard = term.hold();
+    let mut quick = election(&backend, "quick", "host-a", TTL).campaign();
+    elected(&mut quick, PATIENCE).await;
+    assert_eq!(lease_count(&mut client).await, 1, "one lease for both");
+    let mut deletes = Deletes::watch(&mut client, &backend).await;
+
+    let asked = Instant::now();
+    let slow_stopping = tokio::spawn(slow.shutdown());
+    let quick_stopping = tokio::spawn(quick.shutdown());
+    // Both were asked, so the revoke is sure to come: quick sends no delete of its own, and
+    // waits for it, but no longer than half the ttl, while slow winds down.
+    let revisions = deletes.by_revision(1).await;
+    let waited = asked.elapsed();
+    let left = keys_left(&mut client, &backend).await;
+    assert!(
+        left.len() == 1 && left[0].starts_with("incumbent/slow@"),
+        "quick's key went, slow's stays while its worker stops: {left:?} ({revisions:?})"
+    );
+    assert!(
+        waited >= TTL / 2 - Duration::from_millis(100),
+        "quick deleted its key after {waited:?}, without waiting for the revoke"
+    );
+    timeout(PATIENCE, quick_stopping)
+        .await
+        .expect("quick shuts down")
+        .expect("its task")
+        .expect("a clean shutdown");
+
+    drop(guard);
+    timeout(PATIENCE, slow_stopping)
+        .await
+        .expect("slow shuts down")
+        .expect("its task")
+        .expect("a clean shutdown");
+    assert_all_gone(&mut client, &backend).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
