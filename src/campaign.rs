@@ -1087,7 +1087,8 @@ impl<B: Backend> Engine<B> {
             if s.role == Role::Stopped {
                 return false;
             }
-            was_leader = matches!(s.role, Role::Leader | Role::SteppingDown);
+            // A term stepping down said 0 already, as its role changed (`hand_over`).
+            was_leader = s.role == Role::Leader;
             s.role = Role::Stopped;
             s.term = None;
             true
