@@ -47,7 +47,7 @@
 //!   sends a delete of its own while it waits for the others to stop: the revoke is sure to
 //!   come once the last has stopped its work. A leaver waits for it at most half the ttl (a
 //!   term still winding down, up to the grace, keeps the others' keys no longer than that),
-//!   then deletes its key itself.
+//!   then deletes its key itself. A campaign started meanwhile takes a new lease.
 //! - **Candidates are keys ordered by revision.** Each candidate puts
 //!   `<prefix><election>@<lease id in hex>` bound to its lease, only if absent. The key with
 //!   the lowest *create revision* in the range `<prefix><election>@` leads. `@` cannot occur in

@@ -724,6 +724,64 @@ async fn campaigns_asked_to_shut_down_together_leave_every_key_to_one_revoke() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_started_while_every_other_on_its_lease_is_asked_to_stop_takes_a_new_lease() {
+    const TTL: Duration = Duration::from_secs(4);
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    let mut stopping = leading_on_one_lease(&backend, "old", 5).await;
+    let mut guards = Vec::new();
+    for campaign in &mut stopping {
+        guards.push(elected(campaign, PATIENCE).await.hold());
+    }
+    // All asked, none gone yet (their work holds them): the lease is sure to be revoked.
+    let asked = Instant::now();
+    let stopped: Vec<_> = stopping
+        .into_iter()
+        .map(|campaign| tokio::spawn(campaign.shutdown()))
+        .collect();
+    let mut fresh = election(&backend, "new", "host-a", TTL).campaign();
+    elected(&mut fresh, PATIENCE).await;
+    assert_eq!(
+        lease_count(&mut client).await,
+        2,
+        "the new campaign has a lease of its own"
+    );
+
+    drop(guards);
+    for stopped in stopped {
+        timeout(PATIENCE, stopped)
+            .await
+            .expect("shuts down")
+            .expect("its task")
+            .expect("a clean shutdown");
+    }
+    // The old lease went with its revoke, at once (had the new campaign joined it, the
+    // leavers would have waited out their patience, half the ttl, and deleted their keys).
+    assert!(
+        asked.elapsed() < TTL / 2,
+        "the shutdowns took {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        lease_count(&mut client).await,
+        1,
+        "the old lease is revoked"
+    );
+    assert!(
+        fresh.status().borrow().is_leader(),
+        "the new campaign still leads"
+    );
+    let left = keys_left(&mut client, &backend).await;
+    assert!(
+        left.len() == 1 && left[0].starts_with("incumbent/new@"),
+        "only the new campaign's key is left: {left:?}"
+    );
+    fresh.shutdown().await.expect("shutdown");
+    assert_all_gone(&mut client, &backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaver_waits_for_the_revoke_at_most_half_the_ttl_while_another_winds_down() {
     const TTL: Duration = Duration::from_secs(2);
     let etcd = EtcdServer::single().await;
