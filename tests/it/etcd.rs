@@ -627,6 +627,18 @@ fn assert_revoked_at_once(revisions: &std::collections::BTreeMap<i64, usize>) {
     );
 }
 
+/// Waits for each of the shutdowns `stopping` (each in a task of its own), and that each
+/// was clean.
+async fn all_shut_down(stopping: Vec<tokio::task::JoinHandle<incumbent::Result<()>>>) {
+    for stopped in stopping {
+        timeout(PATIENCE, stopped)
+            .await
+            .expect("shuts down")
+            .expect("its task")
+            .expect("a clean shutdown");
+    }
+}
+
 /// That etcd holds no lease, and no key under `backend`'s prefix.
 async fn assert_all_gone(client: &mut Client, backend: &EtcdBackend) {
     assert_eq!(lease_count(client).await, 0, "the lease is revoked");
@@ -704,13 +716,7 @@ async fn campaigns_asked_to_shut_down_together_leave_every_key_to_one_revoke() {
         .map(|campaign| tokio::spawn(campaign.shutdown()))
         .collect();
     drop(guards);
-    for stopped in stopping {
-        timeout(PATIENCE, stopped)
-            .await
-            .expect("shuts down")
-            .expect("its task")
-            .expect("a clean shutdown");
-    }
+    all_shut_down(stopping).await;
 
     // No leaver deleted its key (with its request slots free, the first ones used to): the
     // revoke after the last one left deleted them all, at one revision.
@@ -749,13 +755,7 @@ async fn a_campaign_started_while_every_other_on_its_lease_is_asked_to_stop_take
     );
 
     drop(guards);
-    for stopped in stopped {
-        timeout(PATIENCE, stopped)
-            .await
-            .expect("shuts down")
-            .expect("its task")
-            .expect("a clean shutdown");
-    }
+    all_shut_down(stopped).await;
     // The old lease went with its revoke, at once (had the new campaign joined it, the
     // leavers would have waited out their patience, half the ttl, and deleted their keys).
     assert!(
