@@ -476,9 +476,7 @@ async fn observer_reports_the_holder_not_the_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elections_on_one_backend_share_one_lease() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut jobs = election(&backend, "shared/jobs", "host-a", TTL).campaign();
     let mut index = election(&backend, "shared/index", "host-a", TTL).campaign();
     elected(&mut jobs, PATIENCE).await;
@@ -645,6 +643,14 @@ async fn assert_all_gone(client: &mut Client, backend: &EtcdBackend) {
     assert_eq!(keys_left(client, backend).await, [""; 0], "no key is left");
 }
 
+/// An etcd server, an operator's client and a backend.
+async fn etcd_alone() -> (EtcdServer, Client, EtcdBackend) {
+    let etcd = EtcdServer::single().await;
+    let client = operator(&etcd.endpoints()).await;
+    let backend = connect(&etcd.endpoints()).await;
+    (etcd, client, backend)
+}
+
 /// An etcd server, a proxy in front of it, an operator's client (straight to etcd) and a
 /// backend through the proxy.
 async fn etcd_behind_a_proxy() -> (EtcdServer, Proxy, Client, EtcdBackend) {
@@ -698,9 +704,7 @@ async fn a_shutdown_of_every_election_on_a_lease_revokes_it_instead_of_deleting_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn campaigns_asked_to_shut_down_together_leave_every_key_to_one_revoke() {
     const COUNT: usize = 200;
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut campaigns = leading_on_one_lease(&backend, "together", COUNT).await;
     assert_eq!(lease_count(&mut client).await, 1);
     // Each term's work holds it until every shutdown was asked: no campaign can leave before
@@ -732,9 +736,7 @@ async fn campaigns_asked_to_shut_down_together_leave_every_key_to_one_revoke() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_started_while_every_other_on_its_lease_is_asked_to_stop_takes_a_new_lease() {
     const TTL: Duration = Duration::from_secs(4);
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut stopping = leading_on_one_lease(&backend, "old", 5).await;
     let mut guards = Vec::new();
     for campaign in &mut stopping {
@@ -784,9 +786,7 @@ async fn a_campaign_started_while_every_other_on_its_lease_is_asked_to_stop_take
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leaver_waits_for_the_revoke_at_most_half_the_ttl_while_another_winds_down() {
     const TTL: Duration = Duration::from_secs(2);
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     // On one lease: `slow`, whose worker takes its time to stop (a guard held, a long grace),
     // and `quick`.
     let mut slow = Election::builder(backend.clone(), "slow")
@@ -1174,9 +1174,7 @@ async fn a_watch_that_cannot_resume_past_a_compaction_has_the_follower_read_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_elections_than_request_slots_all_lead_and_stop() {
     let elections = 3 * incumbent::etcd::MAX_REQUESTS_IN_FLIGHT;
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut campaigns: Vec<Campaign> = (0..elections)
         .map(|i| election(&backend, &format!("burst/{i}"), "host-a", TTL).campaign())
         .collect();
@@ -1200,9 +1198,7 @@ async fn more_elections_than_request_slots_all_lead_and_stop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let twin = election(&backend, "twins", "host-a", TTL);
     let mut first = twin.campaign();
     elected(&mut first, PATIENCE).await;
@@ -1220,9 +1216,7 @@ async fn two_campaigns_for_one_election_on_one_backend_get_a_key_each() {
 /// once, and lead again with its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_left_behind_by_a_dropped_contender_never_leads_again_with_its_token() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let session = backend
         .open_session(&session_options("left"))
         .await
@@ -1252,9 +1246,7 @@ async fn a_key_left_behind_by_a_dropped_contender_never_leads_again_with_its_tok
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_by_an_operator_demotes_with_session_expired() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut campaign = election(&backend, "revoked", "a", TTL).campaign();
     elected(&mut campaign, PATIENCE).await;
     let lease = candidates(&mut client, &backend, "revoked").await[0].lease();
@@ -1269,9 +1261,7 @@ async fn lease_revoked_by_an_operator_demotes_with_session_expired() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_deleted_by_an_operator_demotes_with_key_deleted() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let mut campaign = election(&backend, "deleted", "a", TTL).campaign();
     let first = elected(&mut campaign, PATIENCE).await;
     let key = candidates(&mut client, &backend, "deleted").await[0]
@@ -1707,9 +1697,7 @@ async fn leader_fenced_by_an_outage_leads_again_at_once_when_etcd_is_back() {
 /// someone else's lease is waited for, even when it names the same candidate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contender_does_not_queue_behind_a_key_of_a_lease_its_backend_closed() {
-    let etcd = EtcdServer::single().await;
-    let mut client = operator(&etcd.endpoints()).await;
-    let backend = connect(&etcd.endpoints()).await;
+    let (_etcd, mut client, backend) = etcd_alone().await;
     let election = "leftover";
     let old = backend
         .open_session(&session_options(election))
