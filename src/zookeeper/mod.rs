@@ -129,7 +129,11 @@
 //! - **A paused or restarting server**: the client reconnects (to another server of the
 //!   connect string if there is one); a pause shorter than the renew deadline costs nothing.
 //!   A standalone server restart keeps sessions alive if it comes back within the timeout.
-//! - **Losing one member of three** leaves a quorum; the client moves to a live member.
+//! - **Losing one member of three** leaves a quorum; the client moves to a live member. If
+//!   that member led the ensemble, the other two elect a leader first and serve nothing
+//!   meanwhile (a few ticks, more under load): a campaign's leader keeps its term only if
+//!   its next renewal is still answered within its slack, a sixth of the ttl at worst. Give
+//!   a longer ttl where the ensemble's own elections take longer than that.
 //! - **Wrong credentials**: digest auth that the server refuses ends the session with an
 //!   auth failure, reported as [`Error::Unauthorized`], which the
 //!   campaign retries only at its longest back-off.
