@@ -36,8 +36,10 @@ static NEXT_CONTENDER: AtomicU64 = AtomicU64::new(0);
 ///   resolves as soon as a read shows the lock gone: [`LockLoss::Deleted`] for a missing key,
 ///   [`LockLoss::SessionLost`] for a key without a session, [`LockLoss::Taken`] for a key
 ///   held by another session. [`explain`](Contender::explain) then asks Consul whether our
-///   session still exists: a deleted key whose session is gone is a lost session, and a key
-///   released while our session lives was released by someone else (`Taken`).
+///   session still exists: a key deleted, released or taken over whose session is gone is a
+///   lost session (with no lock-delay another candidate may have the lock by the time we
+///   read the key), and a key released while our session lives was released by someone else
+///   (`Taken`).
 /// - [`release`](Contender::release) releases the lock with `?release=`; a lock we do not
 ///   hold is left alone. The contenders of the session handle that released it (the
 ///   resigning campaign's) then leave the free lock alone for
@@ -425,9 +427,9 @@ impl Contender for ConsulContender {
     /// Whether our session still exists tells an invalidated session from an operator's
     /// delete or release.
     async fn explain(&mut self, loss: LockLoss) -> LockLoss {
-        if loss == LockLoss::Taken {
-            return loss;
-        }
+        // A key held by another session is asked about too: with no lock-delay, another
+        // candidate can take the lock that our invalidated session let go before our read
+        // sees the key, which then shows the other's session, not none.
         let gone = match self.backend.client().session_info(&self.session.id).await {
             Ok(info) => info.is_none(),
             Err(error) => {
