@@ -381,9 +381,10 @@ impl CampaignHandle {
             .send(Command::Shutdown { done: Some(done) })
             .is_ok();
         async move {
-            match sent {
-                true => wait.await.ok().flatten(),
-                false => None,
+            if sent {
+                wait.await.ok().flatten()
+            } else {
+                None
             }
         }
     }
@@ -980,9 +981,7 @@ impl<B: Backend> Engine<B> {
                     }
                     match Box::pin(self.open_session()).await {
                         Some(s) => {
-                            if let Some(shared) = self.shared.upgrade() {
-                                *lock(&shared.notice) = s.shutdown_notice();
-                            }
+                            self.set_notice(s.shutdown_notice());
                             s
                         }
                         None => break,
@@ -1065,12 +1064,17 @@ impl<B: Backend> Engine<B> {
         tracing::info!("campaign stopped");
     }
 
+    /// Puts the current session's notice in the handles' slot ([`Shared::notice`]).
+    fn set_notice(&self, notice: Option<ShutdownNotice>) {
+        if let Some(shared) = self.shared.upgrade() {
+            *lock(&shared.notice) = notice;
+        }
+    }
+
     /// Empties the notice slot: the session is about to be closed or dropped, and a shutdown
     /// asked from now on concerns no session (the next one's notice replaces it).
     fn forget_session(&self) {
-        if let Some(shared) = self.shared.upgrade() {
-            lock(&shared.notice).take();
-        }
+        self.set_notice(None);
     }
 
     /// Closes a session the campaign is done with in a task of its own.

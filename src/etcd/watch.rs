@@ -221,26 +221,19 @@ impl Interest {
 /// contender's and its campaign's observer's), not once per view.
 struct LazyDigest<'k> {
     key: &'k [u8],
-    digest: std::cell::Cell<Option<u64>>,
+    digest: std::cell::OnceCell<u64>,
 }
 
 impl<'k> LazyDigest<'k> {
     fn of(key: &'k [u8]) -> LazyDigest<'k> {
         LazyDigest {
             key,
-            digest: std::cell::Cell::new(None),
+            digest: std::cell::OnceCell::new(),
         }
     }
 
     fn get(&self) -> u64 {
-        match self.digest.get() {
-            Some(digest) => digest,
-            None => {
-                let computed = digest(self.key);
-                self.digest.set(Some(computed));
-                computed
-            }
-        }
+        *self.digest.get_or_init(|| digest(self.key))
     }
 }
 
