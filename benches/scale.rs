@@ -430,6 +430,7 @@ async fn one_process<B: Backend>(
     if let Store::Etcd(addr) = store {
         print_etcd_gauges(addr).await;
     }
+    let requests_at_stop = store_counters(store).await;
     let stopping = Instant::now();
     let cpu_at_stop = (cpu_time(), server_cpu_time());
     let allocations_at_stop = ALLOCATIONS.load(Ordering::Relaxed);
@@ -440,6 +441,8 @@ async fn one_process<B: Backend>(
     timeline.print("shutdown");
     print_cpu_since("all released", cpu_at_stop);
     print_allocations_since("all released", allocations_at_stop, count);
+    let requests = diff(&requests_at_stop, &store_counters(store).await);
+    println!("  requests during the shutdown{}", describe(&requests));
     Row {
         backend: name,
         elections: count,
