@@ -137,6 +137,19 @@ macro_rules! any_backend {
                 }
             }
 
+            async fn observe_for(&self, election: &str, session: &AnySession) -> Result<AnyObserver> {
+                #[allow(unreachable_patterns, reason = "one arm per backend built, and one for a session of another")]
+                match (self, session) {
+                    $(
+                        $(#[$cfg])*
+                        (AnyBackend::$variant(b), AnySession::$variant(s)) => {
+                            b.observe_for(election, s).await.map(AnyObserver::$variant)
+                        }
+                    )*
+                    _ => self.observe(election).await,
+                }
+            }
+
             async fn participants(&self, election: &str) -> Result<Option<Vec<Leader>>> {
                 match self {
                     $( $(#[$cfg])* AnyBackend::$variant(b) => b.participants(election).await, )*

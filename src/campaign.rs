@@ -1218,17 +1218,17 @@ impl<B: Backend> Engine<B> {
                         .increment(1);
                     self.recovered();
                     self.set_role(Role::Follower);
-                    match holder {
-                        Some(holder) => match self.heed(holder) {
-                            Heed::TakeOver => None,
-                            Heed::StepAside => Some(Interrupt::Yield(None)),
-                            Heed::Follow => {
-                                Box::pin(self.follow(&mut contender, &mut fence, &mut sightings))
-                                    .await
-                            }
-                        },
-                        None => {
-                            Box::pin(self.follow(&mut contender, &mut fence, &mut sightings)).await
+                    let heed = match holder {
+                        Some(holder) => self.heed(holder),
+                        None => Heed::Follow,
+                    };
+                    match heed {
+                        Heed::TakeOver => None,
+                        Heed::StepAside => Some(Interrupt::Yield(None)),
+                        Heed::Follow => {
+                            let following =
+                                self.follow(session, &mut contender, &mut fence, &mut sightings);
+                            Box::pin(following).await
                         }
                     }
                 }
@@ -1265,6 +1265,7 @@ impl<B: Backend> Engine<B> {
     /// A follower's wait: until the contender says to try again, reporting leader changes.
     async fn follow(
         &mut self,
+        session: &B::Session,
         contender: &mut ContenderOf<B>,
         fence: &mut Fence,
         sightings: &mut Sightings<B::Observer>,
@@ -1275,7 +1276,7 @@ impl<B: Backend> Engine<B> {
                 tokio::select! {
                     biased;
                     waited = contender.wait() => Ok(waited),
-                    leader = sightings.next(&self.backend, &self.config.name, &self.config) => Err(Some(leader)),
+                    leader = sightings.next(&self.backend, Some(session), &self.config.name, &self.config) => Err(Some(leader)),
                     () = sleep_until(settled.unwrap_or_else(Instant::now)), if settled.is_some() => Err(None),
                 }
             };
@@ -1516,7 +1517,7 @@ impl<B: Backend> Engine<B> {
                     None => break (DemotionReason::Shutdown, None),
                 },
                 loss = contender.lost() => break (DemotionReason::from_lock(loss), Some(loss)),
-                request = requests.next(&self.backend, &requests_key, &self.config), if self.config.switchover_requests => {
+                request = requests.next(&self.backend, Some(session), &requests_key, &self.config), if self.config.switchover_requests => {
                     let Some(request) = request.as_ref().and_then(Request::parse) else { continue };
                     if self.handled_request.as_deref() == Some(request.id.as_str()) {
                         continue;
@@ -1886,7 +1887,7 @@ impl<B: Backend> Engine<B> {
                         let _ = done.send(Err(Error::NotLeader));
                     }
                 },
-                leader = sightings.next(&self.backend, &name, &self.config) => {
+                leader = sightings.next(&self.backend, None, &name, &self.config) => {
                     self.saw_leader(leader.clone());
                     if let Some(leader) = leader {
                         if switchover::took_office(&leader, to) {
@@ -2075,7 +2076,7 @@ impl<B: Backend> Engine<B> {
         let mut sightings = Sightings::default();
         let waiting = async {
             loop {
-                match sightings.next(&backend, &config.name, &config).await {
+                match sightings.next(&backend, None, &config.name, &config).await {
                     Some(leader) if leader.handing_over().is_none() => return Some(leader),
                     _ => {}
                 }
@@ -2359,9 +2360,13 @@ impl<O: Observer> Sightings<O> {
     /// Only the wait on a live observer is inline: it is where a follower (and a leader, for
     /// the request lock) idles, and a future holds room for its largest state. Reading at a
     /// pace, and creating the observer again, are boxed.
+    ///
+    /// `session`: the campaign's, for an observer of the campaign's own
+    /// ([`Backend::observe_for`]).
     async fn next<B: Backend<Observer = O>>(
         &mut self,
         backend: &B,
+        session: Option<&B::Session>,
         name: &str,
         config: &Config,
     ) -> Option<Leader> {
@@ -2381,7 +2386,7 @@ impl<O: Observer> Sightings<O> {
                     }
                 }
             }
-            if let Some(leader) = Box::pin(self.rarely(backend, name, config)).await {
+            if let Some(leader) = Box::pin(self.rarely(backend, session, name, config)).await {
                 return leader;
             }
         }
@@ -2393,15 +2398,22 @@ impl<O: Observer> Sightings<O> {
     async fn rarely<B: Backend<Observer = O>>(
         &mut self,
         backend: &B,
+        session: Option<&B::Session>,
         name: &str,
         config: &Config,
     ) -> Option<Option<Leader>> {
+        let observe = || async {
+            match session {
+                Some(session) => backend.observe_for(name, session).await,
+                None => backend.observe(name).await,
+            }
+        };
         if let Some(pace) = self.pace {
             loop {
                 let due = *self.next_read.get_or_insert_with(|| Instant::now() + pace);
                 sleep_until(due).await;
                 self.next_read = Some(Instant::now() + pace);
-                let read = async { backend.observe(name).await?.next().await };
+                let read = async { observe().await?.next().await };
                 match timeout(config.renew_deadline, read).await {
                     Ok(Ok(leader)) => return Some(leader),
                     Ok(Err(error)) => {
@@ -2416,7 +2428,7 @@ impl<O: Observer> Sightings<O> {
         if let Some(at) = self.retry_at {
             sleep_until(at).await;
         }
-        match backend.observe(name).await {
+        match observe().await {
             Ok(observer) => {
                 self.observer = Some(observer);
                 self.retry_at = None;

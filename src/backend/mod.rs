@@ -478,6 +478,20 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// current holder at once.
     fn observe(&self, election: &str) -> impl Future<Output = Result<Self::Observer>> + Send;
 
+    /// [`observe`](Self::observe), for a campaign on `session`: its observer of the leader
+    /// while it follows, and a leader's of the election's request lock. Once the session's
+    /// [`ShutdownNotice`] was given, the campaign acts on nothing the observer could report
+    /// (it takes no office, and stops), so a store that pushes changes to many observers at
+    /// once may stop keeping this one up to date (etcd: a process whose campaigns are all
+    /// stopping decodes none of the other processes' deletes). The default is `observe`.
+    fn observe_for(
+        &self,
+        election: &str,
+        _session: &Self::Session,
+    ) -> impl Future<Output = Result<Self::Observer>> + Send {
+        self.observe(election)
+    }
+
     /// The candidates of `election` in the order the store hands it on, the holder first
     /// (each with its fencing token where the store gives one), read once: where the store
     /// keeps a queue of candidates (etcd, ZooKeeper). `None` (the default) where it keeps

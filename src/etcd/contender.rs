@@ -304,7 +304,7 @@ impl EtcdContender {
         // observer of it (`Sightings` of hand-over requests): made before the read, the view
         // lets this process know its holder until it changes, so the observer need not read.
         let requests = self.requests_range();
-        let mut view = Follow::new(&self.backend, &requests);
+        let mut view = Follow::new(&self.backend, &requests, true);
         view.attend(Interest::Nothing);
         let holder_options = super::queue_options().with_limit(1);
         let txn = Txn::new()
@@ -522,7 +522,7 @@ impl EtcdContender {
     fn follow(&mut self, read: Option<i64>) -> &mut Follow {
         let follow = self
             .follow
-            .get_or_insert_with(|| Follow::new(&self.backend, &self.key[..self.range_len]));
+            .get_or_insert_with(|| Follow::new(&self.backend, &self.key[..self.range_len], true));
         if let Some(revision) = read {
             follow.read_at(revision);
         }

@@ -63,6 +63,9 @@ pub(super) struct Leavers {
     /// The ids of the handles whose user was asked to shut down ([`Lease::asked`]), leaving
     /// or not yet: only while a shutdown is under way.
     asked: HashSet<u64>,
+    /// The ids of the handles made and not parted, so that the backend's watch hears of
+    /// each handle once, whether it was asked or closed first ([`Hub::left`](super::watch::Hub::left)).
+    joined: HashSet<u64>,
     /// A revoke for the leavers was started: the lease is not shared any more.
     revoking: bool,
     /// The next handle's id.
@@ -83,9 +86,15 @@ impl Lease {
 
     /// An id for a handle that joined, which its contenders quote to [`leaving`](Self::leaving).
     pub fn handle_id(&self) -> u64 {
-        let mut leavers = lock(&self.leavers);
-        leavers.next_id += 1;
-        leavers.next_id
+        let id = {
+            let mut leavers = lock(&self.leavers);
+            leavers.next_id += 1;
+            let id = leavers.next_id;
+            leavers.joined.insert(id);
+            id
+        };
+        self.backend.inner.watches.joined();
+        id
     }
 
     /// The handle `id` left the lease (closed or dropped).
@@ -93,11 +102,15 @@ impl Lease {
         if self.retired.load(Ordering::Acquire) {
             return;
         }
-        self.change_leavers(|leavers| {
+        let unasked = self.change_leavers(|leavers| {
             leavers.handles = leavers.handles.saturating_sub(1);
             leavers.leaving.remove(&id);
-            leavers.asked.remove(&id);
+            let asked = leavers.asked.remove(&id);
+            leavers.joined.remove(&id) && !asked
         });
+        if unasked {
+            self.backend.inner.watches.left();
+        }
     }
 
     /// The user of handle `id` was asked to shut down (its campaign's
@@ -106,15 +119,23 @@ impl Lease {
     /// revoke for the leavers is sure to come (after the last of them has left, whose term
     /// has ended by then), so the leavers do not delete their keys one by one meanwhile
     /// ([`leaving`](Self::leaving) tells them). A notice given after its handle parted (a
-    /// campaign's task unwinding as it is asked) may count one handle too many: its leavers
-    /// then wait for the revoke until the last handle leaves, or for their patience.
+    /// campaign's task unwinding as it is asked) counts for nothing.
+    ///
+    /// The backend's watch hears of it too ([`Hub::asked`](super::watch::Hub::asked)): once
+    /// every handle of the backend was asked, its campaigns' views no longer keep it going.
     pub fn asked(&self, id: u64) {
         if self.retired.load(Ordering::Acquire) {
             return;
         }
-        let mut leavers = lock(&self.leavers);
-        if !leavers.revoking {
-            leavers.asked.insert(id);
+        let first = {
+            let mut leavers = lock(&self.leavers);
+            // Only a handle not parted: a notice given after its handle was closed (its
+            // campaign's task unwinding as it is asked) was heard of at the close.
+            !leavers.revoking && leavers.joined.contains(&id) && leavers.asked.insert(id)
+        };
+        if first {
+            // Its campaign's views no longer keep the backend's watch going.
+            self.backend.inner.watches.asked();
         }
     }
 

@@ -66,7 +66,10 @@
 //!   every election read its range again. While none of its elections follows a range (none
 //!   has started, or all have stopped), the backend holds no watch, and resumes it the same
 //!   way when one starts: a process shutting thousands of elections down does not decode the
-//!   changes of the other processes shutting theirs down. The cost: the process hears of
+//!   changes of the other processes shutting theirs down. Nor does it watch once every
+//!   election of the backend was asked to shut down, unless a leader's view of its own key
+//!   (its term is on until its campaign ends it) or an observer of your own still follows a
+//!   range: the campaigns asked to stop act on no change. The cost: the process hears of
 //!   every change under the prefix, also of elections it does not take part in, so give
 //!   unrelated services their own prefix ([`EtcdBuilder::prefix`]). At most
 //!   [`MAX_REQUESTS_IN_FLIGHT`] other requests are in flight at once; lease keep-alives never
@@ -485,7 +488,14 @@ impl Backend for EtcdBackend {
     }
 
     async fn observe(&self, election: &str) -> Result<EtcdObserver> {
-        EtcdObserver::start(self.clone(), election).await
+        EtcdObserver::start(self.clone(), election, false).await
+    }
+
+    /// An observer that serves a campaign: its view no longer keeps the backend's one watch
+    /// going once every campaign of the backend was asked to shut down, so that a process
+    /// whose campaigns are all stopping decodes none of the others' changes.
+    async fn observe_for(&self, election: &str, _session: &EtcdSession) -> Result<EtcdObserver> {
+        EtcdObserver::start(self.clone(), election, true).await
     }
 
     /// Every candidate key of the election, oldest (the holder) first.

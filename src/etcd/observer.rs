@@ -41,10 +41,15 @@ impl std::fmt::Debug for EtcdObserver {
 }
 
 impl EtcdObserver {
-    pub(super) async fn start(backend: EtcdBackend, election: &str) -> Result<EtcdObserver> {
+    /// `campaigns`: it serves a campaign (see [`Follow::new`]).
+    pub(super) async fn start(
+        backend: EtcdBackend,
+        election: &str,
+        campaigns: bool,
+    ) -> Result<EtcdObserver> {
         // Before the first read, so that no change after it is missed. The view keeps the
         // range's name (one copy per range in the process).
-        let follow = Follow::new(&backend, &backend.election_range(election));
+        let follow = Follow::new(&backend, &backend.election_range(election), campaigns);
         Ok(EtcdObserver {
             backend,
             holder: None,

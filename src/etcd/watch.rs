@@ -23,9 +23,19 @@
 //! whose elections have all stopped (a mass shutdown) neither decodes nor routes the changes
 //! of the others still stopping, and costs etcd no watcher; a view made while the watch was
 //! paused still gets every change after its owner's read, replayed by the resumed watch.
+//!
+//! Nor does it watch while every campaign of the backend was asked to shut down (each session
+//! handle's [`ShutdownNotice`](crate::backend::ShutdownNotice) given, [`Hub::asked`]) and
+//! only their views are left. Such a campaign acts on no change (it takes no office, and
+//! stops), and it drops its views as it stops; in a mass shutdown of several processes each
+//! would otherwise decode and route every other process's deletes until its own last
+//! campaign had stopped. A leader's view of its own key ([`Interest::Held`]) keeps the watch
+//! whatever its campaign was asked: its term is on until the campaign ends it, and the loss
+//! of its key must end it at once. So does an observer of its own.
 
 use std::collections::HashMap;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -62,11 +72,52 @@ pub(super) struct Hub {
 
 struct Shared {
     prefix: Vec<u8>,
-    /// The election ranges (`<prefix><election>@`) that views follow.
-    ranges: Mutex<HashMap<Arc<[u8]>, Range>>,
-    /// Whether `ranges` has any: the watch is paused while it has none. Changed under the
-    /// lock of `ranges`.
+    /// The election ranges (`<prefix><election>@`) that views follow, and how many views
+    /// keep the watch going.
+    ranges: Mutex<Ranges>,
+    /// The session handles of the backend whose campaign was not asked to shut down
+    /// ([`Hub::joined`], [`Hub::asked`]).
+    unasked: AtomicIsize,
+    /// Whether the watch is to run ([`Ranges::kept`]): it is paused while not. Set under the
+    /// lock of `ranges` ([`Shared::settle`]).
     followed: watch::Sender<bool>,
+}
+
+/// The ranges followed (the map, through `Deref`), and the views counted by how they keep
+/// the watch going: counted under the lock every view's owner takes anyway to make or drop
+/// it, so that a view costs no shared counter of its own.
+#[derive(Default)]
+struct Ranges {
+    map: HashMap<Arc<[u8]>, Range>,
+    /// The views that keep the watch going whatever anyone was asked: an observer of its
+    /// own, a leader's view of its own key.
+    always: usize,
+    /// The other views: of campaigns (their contenders' and their own observers'), which
+    /// keep it going while a campaign of the backend was not asked to shut down.
+    serving: usize,
+    /// What the hub was last told ([`Shared::followed`]).
+    running: bool,
+}
+
+impl Ranges {
+    /// Whether a view keeps the watch going, given the handles not asked.
+    fn kept(&self, unasked: isize) -> bool {
+        self.always > 0 || (self.serving > 0 && unasked > 0)
+    }
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = HashMap<Arc<[u8]>, Range>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl std::ops::DerefMut for Ranges {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
 }
 
 /// One election range that views follow.
@@ -336,12 +387,65 @@ impl Hub {
     }
 }
 
+impl Hub {
+    /// A session handle of the backend was made: its campaign's views keep the watch going
+    /// until it is asked to shut down ([`asked`](Self::asked)) or closed
+    /// ([`left`](Self::left)).
+    pub fn joined(&self) {
+        self.shared.count_unasked(1);
+    }
+
+    /// The campaign of a handle [`joined`](Self::joined) was asked to shut down (its
+    /// [`ShutdownNotice`](crate::backend::ShutdownNotice) given), or the handle was closed
+    /// unasked; called once per handle. Once every handle of the backend was, only the views
+    /// that keep the watch whatever anyone was asked keep it going.
+    pub fn left(&self) {
+        self.shared.count_unasked(-1);
+    }
+
+    /// See [`left`](Self::left).
+    pub fn asked(&self) {
+        self.left();
+    }
+}
+
 impl Shared {
     fn new(prefix: &str) -> Shared {
         Shared {
             prefix: prefix.as_bytes().to_vec(),
-            ranges: Mutex::new(HashMap::new()),
+            ranges: Mutex::new(Ranges::default()),
+            unasked: AtomicIsize::new(0),
             followed: watch::Sender::new(false),
+        }
+    }
+
+    /// Whether a view keeps the watch going (not, while it is paused).
+    fn kept(&self, ranges: &Ranges) -> bool {
+        ranges.kept(self.unasked.load(Ordering::Acquire))
+    }
+
+    /// Counts handles not asked. Whoever moves the count across zero settles whether the
+    /// watch runs, under the lock of the ranges, from the count as it is then.
+    fn count_unasked(&self, delta: isize) {
+        let before = self.unasked.fetch_add(delta, Ordering::AcqRel);
+        if (before > 0) != (before + delta > 0) {
+            self.settle(&mut lock(&self.ranges));
+        }
+    }
+
+    /// Says whether the watch runs, after a change of the counts, under the lock of the
+    /// ranges. Paused, the holders of the ranges followed are forgotten: nothing keeps them
+    /// up to date meanwhile.
+    fn settle(&self, ranges: &mut Ranges) {
+        let run = self.kept(ranges);
+        if std::mem::replace(&mut ranges.running, run) == run {
+            return;
+        }
+        self.followed.send_replace(run);
+        if !run {
+            for range in ranges.map.values_mut() {
+                range.known = Holding::Unknown;
+            }
         }
     }
 
@@ -667,6 +771,12 @@ pub(super) struct Follow {
     range: Arc<[u8]>,
     view: SharedView,
     retry: Retries,
+    /// It serves a campaign: it keeps the watch going only while a campaign of the backend
+    /// was not asked to shut down, or while `held`.
+    serves: bool,
+    /// It follows a leader's own key ([`Interest::Held`]): it keeps the watch going whatever
+    /// anyone was asked.
+    held: bool,
 }
 
 impl Follow {
@@ -675,8 +785,10 @@ impl Follow {
         String::from_utf8_lossy(&self.range)
     }
 
-    /// Follows the changes in `range` (`<prefix><election>@`) from now on.
-    pub fn new(backend: &EtcdBackend, range: &str) -> Follow {
+    /// Follows the changes in `range` (`<prefix><election>@`) from now on; `serves`: for a
+    /// campaign (its contender, or its own observer), whose ask to shut down lets the watch
+    /// stop (see [`Hub::asked`]).
+    pub fn new(backend: &EtcdBackend, range: &str, serves: bool) -> Follow {
         let shared = backend.inner.watches.shared.clone();
         let view = Arc::new(Mutex::new(View {
             interest: Interest::Everything,
@@ -697,11 +809,8 @@ impl Follow {
                 .or_default()
                 .views
                 .push(view.clone());
-            if ranges.len() == 1 {
-                shared
-                    .followed
-                    .send_if_modified(|followed| !std::mem::replace(followed, true));
-            }
+            *counted_in(&mut ranges, serves) += 1;
+            shared.settle(&mut ranges);
             name
         };
         Follow {
@@ -709,6 +818,8 @@ impl Follow {
             range,
             view,
             retry: retries(),
+            serves,
+            held: false,
         }
     }
 
@@ -716,9 +827,13 @@ impl Follow {
     /// watch kept it since); the view is then as if its owner had read the range at that
     /// revision, and no read is needed.
     pub fn known(&mut self) -> Option<Known> {
-        let known = lock(&self.shared.ranges)
-            .get(&self.range)
-            .and_then(|range| range.known.known())?;
+        let known = {
+            let ranges = lock(&self.shared.ranges);
+            match ranges.running {
+                true => ranges.get(&self.range).and_then(|r| r.known.known()),
+                false => None, // paused: nothing keeps it up to date
+            }
+        }?;
         // A response delivered since is in the view too, with its changes after `at`.
         self.read_at(known.at);
         Some(known)
@@ -729,6 +844,9 @@ impl Follow {
     /// nothing in the range changed since the read, as far as the watch delivered.
     pub fn learn(&self, revision: i64, holder: Option<&KeyValue>) {
         let mut ranges = lock(&self.shared.ranges);
+        if !ranges.running {
+            return; // paused: nothing would keep it up to date
+        }
         let Some(range) = ranges.get_mut(&self.range) else {
             return;
         };
@@ -747,6 +865,17 @@ impl Follow {
 
     /// From now on passes on only what `interest` names (the changes held already too).
     pub fn attend(&mut self, interest: Interest) {
+        // A leader's view of its own key keeps the watch going, whatever anyone was asked.
+        // Counted in its new count first, so that the watch never pauses in between.
+        let held = matches!(interest, Interest::Held { .. });
+        if self.serves && held != self.held {
+            let mut ranges = lock(&self.shared.ranges);
+            let count = counted_in(&mut ranges, self.serves && !self.held);
+            *count = count.saturating_sub(1);
+            self.held = held;
+            *counted_in(&mut ranges, self.serves && !self.held) += 1;
+            self.shared.settle(&mut ranges);
+        }
         let mut view = lock(&self.view);
         view.drop_changes(|change| !interest.wants(change.as_ref()));
         view.interest = interest;
@@ -806,11 +935,20 @@ impl Drop for Follow {
             range.views.retain(|view| !Arc::ptr_eq(view, &self.view));
             if range.views.is_empty() {
                 ranges.remove(&self.range);
-                if ranges.is_empty() {
-                    self.shared.followed.send_replace(false);
-                }
             }
         }
+        let count = counted_in(&mut ranges, self.serves && !self.held);
+        *count = count.saturating_sub(1);
+        self.shared.settle(&mut ranges);
+    }
+}
+
+/// The count of the views that keep the watch going a view is in: `serving` for a view of a
+/// campaign (not a leader's of its own key), else `always`.
+fn counted_in(ranges: &mut Ranges, serving: bool) -> &mut usize {
+    match serving {
+        true => &mut ranges.serving,
+        false => &mut ranges.always,
     }
 }
 
@@ -1203,6 +1341,70 @@ mod tests {
             view.changes.len(),
             4,
             "later changes are kept for after the read"
+        );
+    }
+
+    fn runs(hub: &Shared) -> bool {
+        *hub.followed.borrow()
+    }
+
+    /// Counts a view in, or out (`-1`), as making or dropping one does.
+    fn count_view(hub: &Shared, serving: bool, delta: isize) {
+        let mut ranges = lock(&hub.ranges);
+        let count = counted_in(&mut ranges, serving);
+        *count = count.saturating_add_signed(delta);
+        hub.settle(&mut ranges);
+    }
+
+    #[test]
+    fn the_watch_pauses_once_every_campaign_was_asked_and_only_their_views_are_left() {
+        let hub = Shared::new("/p/");
+        // Two session handles, three views of their campaigns.
+        hub.count_unasked(1);
+        hub.count_unasked(1);
+        for _ in 0..3 {
+            count_view(&hub, true, 1);
+        }
+        assert!(runs(&hub));
+        hub.count_unasked(-1);
+        assert!(
+            runs(&hub),
+            "one campaign was not asked: the views keep the watch"
+        );
+        hub.count_unasked(-1);
+        assert!(!runs(&hub), "every campaign was asked");
+        // A leader's view of its own key, or an observer of its own, keeps it whatever.
+        count_view(&hub, false, 1);
+        assert!(runs(&hub));
+        count_view(&hub, false, -1);
+        assert!(!runs(&hub));
+        // A campaign started afterwards keeps it again.
+        hub.count_unasked(1);
+        assert!(runs(&hub));
+        // No view left: paused, whoever is unasked.
+        for _ in 0..3 {
+            count_view(&hub, true, -1);
+        }
+        assert!(!runs(&hub), "no view follows a range");
+    }
+
+    #[test]
+    fn a_paused_watch_forgets_the_holders_it_no_longer_keeps_up_to_date() {
+        let hub = Shared::new("/p/");
+        hub.count_unasked(1);
+        count_view(&hub, true, 1);
+        lock(&hub.ranges)
+            .entry(Arc::from(&b"/p/e@"[..]))
+            .or_default()
+            .known = Holding::Empty(5);
+        hub.count_unasked(-1);
+        assert!(!runs(&hub));
+        let ranges = lock(&hub.ranges);
+        assert!(
+            ranges
+                .get(&b"/p/e@"[..])
+                .is_some_and(|r| r.known.at().is_none()),
+            "a holder known while paused would be stale by the time the watch resumes"
         );
     }
 }

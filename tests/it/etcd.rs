@@ -474,6 +474,53 @@ async fn observer_reports_the_holder_not_the_queue() {
     assert!(b.fencing_token.is_some(), "observers see the fencing token");
 }
 
+/// Waits until `campaign` leads.
+async fn leads(campaign: &Campaign) {
+    let mut status = campaign.status();
+    timeout(PATIENCE, status.wait_for(|s| s.is_leader()))
+        .await
+        .expect("leads within the patience")
+        .expect("campaign running");
+}
+
+/// The leader `observer` reports next, within the patience.
+async fn next_leader(observer: &mut impl Observer) -> Option<String> {
+    let seen = timeout(PATIENCE, observer.next())
+        .await
+        .expect("a change seen");
+    seen.expect("next").map(|leader| leader.candidate.id)
+}
+
+/// Once every campaign of a backend was asked to shut down, its one watch may stop (they act
+/// on no change), but not for an observer of its own, nor for a campaign started afterwards:
+/// each still hears of the next leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_stops_for_campaigns_asked_to_shut_down_and_for_nobody_else() {
+    let (etcd, _client, here) = etcd_alone().await;
+    let there = connect(&etcd.endpoints()).await;
+    let first = election(&there, "e", "first", TTL).campaign();
+    leads(&first).await;
+    let mut observer = here.observe("e").await.expect("observe");
+    assert_eq!(next_leader(&mut observer).await.as_deref(), Some("first"));
+
+    // Every campaign of `here` asked to shut down: the observer is not one of them.
+    let asked = election(&here, "e", "asked", TTL).campaign();
+    follows(&asked).await;
+    asked.shutdown().await.expect("shuts down");
+    let second = election(&there, "e", "second", TTL).campaign();
+    follows(&second).await;
+    first.shutdown().await.expect("shuts down");
+    assert_eq!(next_leader(&mut observer).await.as_deref(), Some("second"));
+    drop(observer);
+
+    // A campaign started afterwards, with no other view on `here`: its views keep the watch.
+    let later = election(&here, "e", "later", TTL).campaign();
+    follows(&later).await;
+    second.shutdown().await.expect("shuts down");
+    leads(&later).await;
+    later.shutdown().await.expect("shuts down");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elections_on_one_backend_share_one_lease() {
     let (_etcd, mut client, backend) = etcd_alone().await;
