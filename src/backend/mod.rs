@@ -12,7 +12,10 @@
 //!    take the lock (or joins the queue, for stores with ordered candidates), [`Contender::wait`]
 //!    sleeps until another attempt can succeed, using the store's own notification, and
 //!    [`Contender::lost`] resolves when a held lock is taken away.
-//! 3. An [`Observer`] follows who holds an election, for followers and for bystanders.
+//! 3. An [`Observer`] follows who holds an election, for followers and for bystanders. A
+//!    campaign makes its own with [`Backend::observe_for`], naming its session, so that a
+//!    store may stop keeping it up to date once the campaign was asked to shut down
+//!    ([`Session::shutdown_notice`]); by default it is [`Backend::observe`].
 //!
 //! The campaign knows nothing of the store's wire format; the backend knows nothing of terms,
 //! events or callbacks. The contract below is what the campaign relies on for its promises:
