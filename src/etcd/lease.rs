@@ -121,7 +121,7 @@ impl Lease {
     /// ([`leaving`](Self::leaving) tells them). A notice given after its handle parted (a
     /// campaign's task unwinding as it is asked) counts for nothing.
     ///
-    /// The backend's watch hears of it too ([`Hub::asked`](super::watch::Hub::asked)): once
+    /// The backend's watch hears of it too ([`Hub::left`](super::watch::Hub::left)): once
     /// every handle of the backend was asked, its campaigns' views no longer keep it going.
     pub fn asked(&self, id: u64) {
         if self.retired.load(Ordering::Acquire) {
@@ -135,7 +135,7 @@ impl Lease {
         };
         if first {
             // Its campaign's views no longer keep the backend's watch going.
-            self.backend.inner.watches.asked();
+            self.backend.inner.watches.left();
         }
     }
 

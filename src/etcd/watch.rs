@@ -25,7 +25,7 @@
 //! paused still gets every change after its owner's read, replayed by the resumed watch.
 //!
 //! Nor does it watch while every campaign of the backend was asked to shut down (each session
-//! handle's [`ShutdownNotice`](crate::backend::ShutdownNotice) given, [`Hub::asked`]) and
+//! handle's [`ShutdownNotice`](crate::backend::ShutdownNotice) given, [`Hub::left`]) and
 //! only their views are left. Such a campaign acts on no change (it takes no office, and
 //! stops), and it drops its views as it stops; in a mass shutdown of several processes each
 //! would otherwise decode and route every other process's deletes until its own last
@@ -76,7 +76,7 @@ struct Shared {
     /// keep the watch going.
     ranges: Mutex<Ranges>,
     /// The session handles of the backend whose campaign was not asked to shut down
-    /// ([`Hub::joined`], [`Hub::asked`]).
+    /// ([`Hub::joined`], [`Hub::left`]).
     unasked: AtomicIsize,
     /// Whether the watch is to run ([`Ranges::kept`]): it is paused while not. Set under the
     /// lock of `ranges` ([`Shared::settle`]).
@@ -389,8 +389,7 @@ impl Hub {
 
 impl Hub {
     /// A session handle of the backend was made: its campaign's views keep the watch going
-    /// until it is asked to shut down ([`asked`](Self::asked)) or closed
-    /// ([`left`](Self::left)).
+    /// until it is asked to shut down or closed ([`left`](Self::left)).
     pub fn joined(&self) {
         self.shared.count_unasked(1);
     }
@@ -401,11 +400,6 @@ impl Hub {
     /// that keep the watch whatever anyone was asked keep it going.
     pub fn left(&self) {
         self.shared.count_unasked(-1);
-    }
-
-    /// See [`left`](Self::left).
-    pub fn asked(&self) {
-        self.left();
     }
 }
 
@@ -787,7 +781,7 @@ impl Follow {
 
     /// Follows the changes in `range` (`<prefix><election>@`) from now on; `serves`: for a
     /// campaign (its contender, or its own observer), whose ask to shut down lets the watch
-    /// stop (see [`Hub::asked`]).
+    /// stop (see [`Hub::left`]).
     pub fn new(backend: &EtcdBackend, range: &str, serves: bool) -> Follow {
         let shared = backend.inner.watches.shared.clone();
         let view = Arc::new(Mutex::new(View {
@@ -866,7 +860,7 @@ impl Follow {
     /// From now on passes on only what `interest` names (the changes held already too).
     pub fn attend(&mut self, interest: Interest) {
         // A leader's view of its own key keeps the watch going, whatever anyone was asked.
-        // Counted in its new count first, so that the watch never pauses in between.
+        // Moved from one count to the other under one lock: the watch never pauses between.
         let held = matches!(interest, Interest::Held { .. });
         if self.serves && held != self.held {
             let mut ranges = lock(&self.shared.ranges);
