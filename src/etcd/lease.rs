@@ -64,7 +64,9 @@ pub(super) struct Leavers {
     /// or not yet: only while a shutdown is under way.
     asked: HashSet<u64>,
     /// The ids of the handles made and not parted, so that the backend's watch hears of
-    /// each handle once, whether it was asked or closed first ([`Hub::left`](super::watch::Hub::left)).
+    /// each handle once, whether it was asked or closed first
+    /// ([`Hub::left`](super::watch::Hub::left)). Not `handles` derived: a handle is counted
+    /// there from `try_join`, before it has an id.
     joined: HashSet<u64>,
     /// A revoke for the leavers was started: the lease is not shared any more.
     revoking: bool,

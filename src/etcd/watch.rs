@@ -413,11 +413,6 @@ impl Shared {
         }
     }
 
-    /// Whether a view keeps the watch going (not, while it is paused).
-    fn kept(&self, ranges: &Ranges) -> bool {
-        ranges.kept(self.unasked.load(Ordering::Acquire))
-    }
-
     /// Counts handles not asked. Whoever moves the count across zero settles whether the
     /// watch runs, under the lock of the ranges, from the count as it is then.
     fn count_unasked(&self, delta: isize) {
@@ -431,7 +426,7 @@ impl Shared {
     /// ranges. Paused, the holders of the ranges followed are forgotten: nothing keeps them
     /// up to date meanwhile.
     fn settle(&self, ranges: &mut Ranges) {
-        let run = self.kept(ranges);
+        let run = ranges.kept(self.unasked.load(Ordering::Acquire));
         if std::mem::replace(&mut ranges.running, run) == run {
             return;
         }
