@@ -518,11 +518,11 @@ async fn pause_after(scan: Instant, floor: Duration) {
     tokio::time::sleep(floor.max(scan.elapsed() * 9)).await;
 }
 
+/// Shuts the campaigns down as the crate advises for many ([`Campaign::shutdown_all`]): all
+/// asked at once, their ends awaited in this task. (A task each cost this benchmark more CPU
+/// than the shutdowns it measured: 2.6 s against 1.8 s for 100,000 in one process.)
 async fn stop_all(campaigns: Vec<Campaign>) {
-    let stopping = campaigns.into_iter().map(|c| tokio::spawn(c.shutdown()));
-    for s in stopping.collect::<Vec<_>>() {
-        let _ = tokio::time::timeout(STEP_LIMIT, s).await;
-    }
+    let _ = tokio::time::timeout(STEP_LIMIT, Campaign::shutdown_all(campaigns)).await;
 }
 
 /// The sum of the counts, from +0.0: a sum of no floats is -0.0, which prints as "-0".

@@ -365,7 +365,7 @@ pub async fn elections_at_scale<B: Backend>(
 
 /// Shuts campaigns down, all at once.
 pub async fn stop_all(campaigns: Vec<Campaign>) {
-    futures_util::future::join_all(campaigns.into_iter().map(|c| c.shutdown())).await;
+    let _ = Campaign::shutdown_all(campaigns).await;
 }
 
 /// Candidates of one election, one per `(backend, candidate id)`, all started at once; returns

@@ -1234,7 +1234,7 @@ async fn more_elections_than_request_slots_all_lead_and_stop() {
         .await
         .expect("count");
     assert_eq!(keys.count(), elections as i64, "one key per election");
-    futures_util::future::join_all(campaigns.into_iter().map(Campaign::shutdown)).await;
+    Campaign::shutdown_all(campaigns).await.expect("shutdown");
     let options = GetOptions::new().with_prefix().with_count_only();
     let keys = client
         .get("incumbent/burst/", Some(options))

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use incumbent::memory::{MemoryBackend, Reachability};
 use incumbent::{
-    Campaign, DemotionReason, Election, Error, LeadershipEvent, OnWorkerExit, Role, Term,
+    Campaign, DemotionReason, Election, Error, LeadershipEvent, OnWorkerExit, Role, Status, Term,
 };
+use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::support::beats::{Beats, first_token, last_beat, stubborn};
@@ -328,22 +329,24 @@ async fn shutdown_releases_the_lock_and_closes_the_session() {
     assert_eq!(status.borrow().role, Role::Stopped);
 }
 
-/// Of many campaigns shut down together, none goes on (or takes office) while its shutdown
-/// waits to be polled: the command leaves when `shutdown()` is called.
-#[tokio::test(start_paused = true)]
-async fn a_shutdown_starts_when_called_not_when_first_awaited() {
-    let store = MemoryBackend::new();
-    let mut a = election(&store, "a").campaign();
+/// `a` elected in [`NAME`], then `b` following it: `(a, a's term, b, b's status)`.
+async fn leader_and_follower(
+    store: &MemoryBackend,
+) -> (Campaign, Term, Campaign, watch::Receiver<Status>) {
+    let mut a = election(store, "a").campaign();
     let term = elected(&mut a, TTL).await;
-    let b = election(&store, "b").campaign();
+    let b = election(store, "b").campaign();
     let mut b_status = b.status();
     b_status
         .wait_for(|s| s.role == Role::Follower)
         .await
         .expect("b follows");
-    let handle_b = b.handle();
-    let stopping_b = handle_b.shutdown();
-    let stopping_a = a.shutdown();
+    (a, term, b, b_status)
+}
+
+/// The leader's term ended and the follower stopped, without having led (it was told to
+/// stop before the leader released the lock), all before their shutdowns were awaited.
+async fn stopped_before_awaited(term: &Term, b_status: &mut watch::Receiver<Status>) {
     timeout(TTL, term.cancelled())
         .await
         .expect("a's term ends before its shutdown is awaited");
@@ -351,15 +354,58 @@ async fn a_shutdown_starts_when_called_not_when_first_awaited() {
         .await
         .expect("b stops before its shutdown is awaited")
         .expect("b's status");
-    // b never led (no term of it ended): it was told to stop before a released the lock.
     assert_eq!(
         b_status.borrow().last_demotion,
         None,
         "b took office after its shutdown was called"
     );
+}
+
+/// Of many campaigns shut down together, none goes on (or takes office) while its shutdown
+/// waits to be polled: the command leaves when `shutdown()` is called.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_starts_when_called_not_when_first_awaited() {
+    let store = MemoryBackend::new();
+    let (a, term, b, mut b_status) = leader_and_follower(&store).await;
+    let handle_b = b.handle();
+    let stopping_b = handle_b.shutdown();
+    let stopping_a = a.shutdown();
+    stopped_before_awaited(&term, &mut b_status).await;
     stopping_a.await.expect("shutdown");
     stopping_b.await.expect("shutdown");
     assert_eq!(store.holder(NAME), None);
+}
+
+/// `Campaign::shutdown_all` asks every campaign at the call, as `shutdown` does, and its
+/// future returns once all have stopped and released.
+#[tokio::test(start_paused = true)]
+async fn shutdown_all_asks_every_campaign_at_the_call_and_waits_for_all() {
+    let store = MemoryBackend::new();
+    let (a, term, b, mut b_status) = leader_and_follower(&store).await;
+    let mut others = Vec::new();
+    for i in 0..3 {
+        let mut c = Election::builder(store.clone(), format!("other/{i}"))
+            .candidate("a")
+            .ttl(TTL)
+            .build()
+            .expect("valid")
+            .campaign();
+        elected(&mut c, TTL).await;
+        others.push(c);
+    }
+    let statuses: Vec<_> = others.iter().map(Campaign::status).collect();
+    let stopping = Campaign::shutdown_all([b, a].into_iter().chain(others));
+    stopped_before_awaited(&term, &mut b_status).await;
+    timeout(TTL, stopping)
+        .await
+        .expect("every campaign stops")
+        .expect("shutdown");
+    assert_eq!(store.holder(NAME), None);
+    for (i, status) in statuses.iter().enumerate() {
+        assert_eq!(status.borrow().role, Role::Stopped, "other/{i}");
+        assert_eq!(store.holder(&format!("other/{i}")), None, "other/{i}");
+    }
+    assert_eq!(store.session_count(), 0);
 }
 
 #[tokio::test(start_paused = true)]
