@@ -252,19 +252,25 @@ impl Campaign {
     pub fn shutdown_all(
         campaigns: impl IntoIterator<Item = Campaign>,
     ) -> impl Future<Output = Result<()>> + Send + 'static {
-        let stopping: Vec<_> = campaigns.into_iter().map(Campaign::shutdown).collect();
-        async move {
-            let mut first_error = Ok(());
-            for shutdown in stopping {
-                if let Err(error) = shutdown.await
-                    && first_error.is_ok()
-                {
-                    first_error = Err(error);
-                }
-            }
-            first_error
+        await_in_order(campaigns.into_iter().map(Campaign::shutdown).collect())
+    }
+}
+
+/// Awaits `stopping` (shutdowns already asked) in order, every one of them; the first error,
+/// if any, once all have ended.
+pub(crate) async fn await_in_order<F>(stopping: Vec<F>) -> Result<()>
+where
+    F: Future<Output = Result<()>>,
+{
+    let mut first_error = Ok(());
+    for shutdown in stopping {
+        if let Err(error) = shutdown.await
+            && first_error.is_ok()
+        {
+            first_error = Err(error);
         }
     }
+    first_error
 }
 
 impl Drop for Campaign {

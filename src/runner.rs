@@ -136,11 +136,27 @@ impl Runner {
     /// Stops the worker (at most the grace, never past the term's hard stop), releases the
     /// lock, closes the session, and waits for all of it. Returns what the runner's task
     /// returned: [`Error::Worker`] if the worker failed under [`OnWorkerExit::Stop`].
-    pub async fn shutdown(mut self) -> Result<()> {
+    ///
+    /// The shutdown starts when this is called, not when the future is first polled, as
+    /// [`Campaign::shutdown`](crate::Campaign::shutdown)'s does. To stop many runners,
+    /// [`shutdown_all`](Self::shutdown_all) is the cheap way.
+    pub fn shutdown(mut self) -> impl Future<Output = Result<()>> + Send + 'static {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        self.finished().await
+        async move { self.finished().await }
+    }
+
+    /// Shuts every runner of `runners` down at once, and returns once all have stopped (each
+    /// [`shutdown`](Self::shutdown)'s promise): each is asked at this call, then their ends
+    /// are awaited in order, in the caller's task. Returns the first error a runner's
+    /// shutdown returned (its worker failed under [`OnWorkerExit::Stop`]), once all have
+    /// stopped. Cheaper than a task per shutdown, or `join_all` over thousands of them: see
+    /// [`Campaign::shutdown_all`](crate::Campaign::shutdown_all).
+    pub fn shutdown_all(
+        runners: impl IntoIterator<Item = Runner>,
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
+        crate::campaign::await_in_order(runners.into_iter().map(Runner::shutdown).collect())
     }
 
     /// Waits until the runner ends by itself: under [`OnWorkerExit::Stop`], once the worker

@@ -881,11 +881,7 @@ impl<B: Backend> Coordinator<B> {
             r.session.leaving();
         }
         let running = std::mem::take(&mut self.running);
-        for (_, runner) in running {
-            self.stopping.spawn(async move {
-                let _ = runner.shutdown().await;
-            });
-        }
+        let _ = Runner::shutdown_all(running.into_values()).await;
         while self.stopping.join_next().await.is_some() {}
         if let Some(mut r) = registration.take() {
             let _ = r.contender.release().await;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use incumbent::memory::{MemoryBackend, Reachability};
 use incumbent::{
-    Campaign, DemotionReason, Election, Error, LeadershipEvent, OnWorkerExit, Role, Status, Term,
+    Campaign, DemotionReason, Election, Error, LeadershipEvent, OnWorkerExit, Role, Runner, Status,
+    Term,
 };
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
@@ -993,12 +994,14 @@ async fn an_unread_event_queue_keeps_the_newest_events_and_counts_the_rest() {
     assert!(missed + kept as u64 >= (terms * 2) as u64);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_runner_gives_the_workers_status_resign_and_shutdown_on_one_candidate() {
-    let store = MemoryBackend::new();
-    let terms = Arc::new(Mutex::new(Vec::new()));
+/// A runner of `election` whose worker adds each of its terms to `terms` and works until the
+/// term ends; returned once it leads.
+async fn recording_leader(
+    election: &Election<MemoryBackend>,
+    terms: &Arc<Mutex<Vec<Term>>>,
+) -> Runner {
     let seen = terms.clone();
-    let runner = election(&store, "a").start(move |term: Term| {
+    let runner = election.start(move |term: Term| {
         seen.lock().unwrap().push(term.clone());
         async move { term.cancelled().await }
     });
@@ -1007,6 +1010,15 @@ async fn a_runner_gives_the_workers_status_resign_and_shutdown_on_one_candidate(
         .await
         .expect("leads")
         .expect("runs");
+    runner
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runner_gives_the_workers_status_resign_and_shutdown_on_one_candidate() {
+    let store = MemoryBackend::new();
+    let terms: Arc<Mutex<Vec<Term>>> = Arc::default();
+    let runner = recording_leader(&election(&store, "a"), &terms).await;
+    let mut status = runner.status();
     // One candidate: the status, the worker and the handle are the same campaign's.
     let first = terms.lock().unwrap()[0].clone();
     assert_eq!(
@@ -1031,6 +1043,49 @@ async fn a_runner_gives_the_workers_status_resign_and_shutdown_on_one_candidate(
         released.elapsed() < TTL,
         "the lock was released, not left to expire"
     );
+}
+
+/// `Runner::shutdown` starts at the call, so `Runner::shutdown_all` has every worker's term
+/// ended before its future is polled; the future returns once every runner has released its
+/// lock, with the error of a runner whose worker failed under `OnWorkerExit::Stop`.
+#[tokio::test(start_paused = true)]
+async fn runner_shutdowns_start_at_the_call_and_shutdown_all_waits_for_every_runner() {
+    let store = MemoryBackend::new();
+    let terms: Arc<Mutex<Vec<Term>>> = Arc::default();
+    let mut runners = Vec::new();
+    for i in 0..3 {
+        let election = Election::builder(store.clone(), format!("runners/{i}"))
+            .candidate("a")
+            .ttl(TTL)
+            .build()
+            .expect("valid");
+        runners.push(recording_leader(&election, &terms).await);
+    }
+    let failing = Election::builder(store.clone(), "runners/failing")
+        .candidate("a")
+        .ttl(TTL)
+        .on_worker_exit(OnWorkerExit::Stop)
+        .build()
+        .expect("valid")
+        .start(|_term: Term| async { Err::<(), _>("disk full") });
+    sleep(Duration::from_millis(100)).await;
+    let stopping = Runner::shutdown_all([failing].into_iter().chain(runners));
+    let terms: Vec<Term> = terms.lock().unwrap().clone();
+    assert_eq!(terms.len(), 3);
+    for term in &terms {
+        timeout(TTL, term.cancelled())
+            .await
+            .expect("every worker's term ends before the shutdown is awaited");
+    }
+    match timeout(TTL, stopping).await.expect("every runner stops") {
+        Err(Error::Worker(message)) => assert!(message.contains("disk full"), "{message}"),
+        other => panic!("expected the failed worker's error, got {other:?}"),
+    }
+    for i in 0..3 {
+        assert_eq!(store.holder(&format!("runners/{i}")), None, "runners/{i}");
+    }
+    assert_eq!(store.holder("runners/failing"), None);
+    assert_eq!(store.session_count(), 0);
 }
 
 #[tokio::test(start_paused = true)]
