@@ -82,6 +82,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A shutdown starts when `shutdown()` is called. To stop many campaigns (or runners) at
+//! once, [`Campaign::shutdown_all`] and [`Runner::shutdown_all`] ask every one at the call
+//! and await them together in the caller's task: cheaper than a task per shutdown, or
+//! `join_all` over thousands of them.
+//!
 //! The builder's [`on_elected`](ElectionBuilder::on_elected),
 //! [`on_demoted`](ElectionBuilder::on_demoted) and
 //! [`on_leader_changed`](ElectionBuilder::on_leader_changed) take async closures, run in
