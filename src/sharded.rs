@@ -678,15 +678,20 @@ impl ShardedRunner {
 
     /// Leaves the group: every shard's worker is stopped (at most the grace, never past its
     /// term's hard stop) and its lock released, then the member slot; waits for all of it.
-    pub async fn shutdown(mut self) -> Result<()> {
+    /// The leave starts when this is called, not when the future is first polled, as
+    /// [`Campaign::shutdown`](crate::Campaign::shutdown)'s does.
+    pub fn shutdown(mut self) -> impl Future<Output = Result<()>> + Send + 'static {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        match self.task.take() {
-            Some(task) => task
-                .await
-                .map_err(|e| Error::Worker(format!("the sharded runner's task failed: {e}"))),
-            None => Ok(()),
+        let task = self.task.take();
+        async move {
+            match task {
+                Some(task) => task
+                    .await
+                    .map_err(|e| Error::Worker(format!("the sharded runner's task failed: {e}"))),
+                None => Ok(()),
+            }
         }
     }
 }

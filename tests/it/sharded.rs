@@ -170,6 +170,35 @@ async fn shards_spread_over_three_then_four_then_two_members_and_never_have_two_
     );
 }
 
+/// A member's leave starts at `shutdown()`, not when its future is first polled: every
+/// shard's term ends before the future is awaited; the future returns once every shard's lock
+/// and the member's slot are released.
+#[tokio::test(start_paused = true)]
+async fn a_members_leave_starts_when_shutdown_is_called() {
+    let store = MemoryBackend::new();
+    let ledger = Ledger::default();
+    let a = member(&store, "a", &ledger);
+    settled(&[("a", &a)], TTL * 4).await;
+    let leaving = a.shutdown();
+    let deadline = Instant::now() + TTL;
+    while ledger.0.lock().unwrap().iter().any(|t| t.4.is_none()) {
+        assert!(
+            Instant::now() < deadline,
+            "a shard's term went on while the leave waited to be polled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    timeout(TTL, leaving)
+        .await
+        .expect("the member leaves")
+        .expect("shutdown");
+    for k in 0..SHARDS {
+        assert_eq!(store.holder(&format!("jobs/{k}")), None, "shard {k}");
+    }
+    assert_eq!(store.session_count(), 0, "the member's sessions are closed");
+    ledger.check();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_shards_demotion_is_told_before_its_worker_has_stopped() {
     let store = MemoryBackend::new();
