@@ -1097,53 +1097,73 @@ impl<B: Backend> Coordinator<B> {
 /// Passes the shards' term changes on to the status and the subscribers, in the order each
 /// shard's campaign sent them; ends once every shard's campaign stopped and the coordinator
 /// is gone.
+/// The most shard events [`forward`] takes in one batch.
+const FORWARD_BATCH: usize = 1024;
+
 async fn forward(
     mut events: mpsc::UnboundedReceiver<(u32, LeadershipEvent)>,
     status: Arc<watch::Sender<ShardStatus>>,
     subscribers: Subscribers,
     group: String,
 ) {
-    while let Some((shard, event)) = events.recv().await {
-        let event = match event {
-            // A shard that moves away and back has two campaigns a moment apart, whose
-            // events may interleave here: a late event of the older term (a lower token)
-            // must not overwrite or remove the newer one.
-            LeadershipEvent::Elected(term) => {
-                status.send_modify(|s| {
-                    let newer = s
-                        .terms
-                        .get(&shard)
-                        .is_some_and(|t| t.fencing_token() > term.fencing_token());
-                    if !newer {
-                        s.terms.insert(shard, term.clone());
-                    }
-                });
-                ShardEvent::Elected { shard, term }
+    // The events queued when it wakes are taken as one batch: the status changes once for
+    // them all. The gauge counts the terms the events left in the status, as its docs say
+    // ("as its shard events say"): counting the live ones (`owned`) is a pass over every
+    // shard's term, and once per event it made a move of thousands of shards quadratic.
+    let mut batch = Vec::new();
+    let mut told = Vec::new();
+    while events.recv_many(&mut batch, FORWARD_BATCH).await > 0 {
+        status.send_if_modified(|s| {
+            for (shard, event) in batch.drain(..) {
+                if let Some(event) = record(s, shard, event) {
+                    told.push(event);
+                }
             }
-            LeadershipEvent::Demoted {
+            // A leader changed elsewhere is no change of this member's shards.
+            !told.is_empty()
+        });
+        crate::metrics::shards_owned(&group, status.borrow().terms.len());
+        for event in told.drain(..) {
+            subscribers.send(&event);
+        }
+    }
+}
+
+/// Records a shard's event in the status; the event to tell, if any.
+fn record(s: &mut ShardStatus, shard: u32, event: LeadershipEvent) -> Option<ShardEvent> {
+    match event {
+        // A shard that moves away and back has two campaigns a moment apart, whose events
+        // may interleave here: a late event of the older term (a lower token) must not
+        // overwrite or remove the newer one.
+        LeadershipEvent::Elected(term) => {
+            let newer = s
+                .terms
+                .get(&shard)
+                .is_some_and(|t| t.fencing_token() > term.fencing_token());
+            if !newer {
+                s.terms.insert(shard, term.clone());
+            }
+            Some(ShardEvent::Elected { shard, term })
+        }
+        LeadershipEvent::Demoted {
+            fencing_token,
+            reason,
+            stop_by,
+        } => {
+            if s.terms
+                .get(&shard)
+                .is_some_and(|t| t.fencing_token() <= fencing_token)
+            {
+                s.terms.remove(&shard);
+            }
+            Some(ShardEvent::Demoted {
+                shard,
                 fencing_token,
                 reason,
                 stop_by,
-            } => {
-                status.send_modify(|s| {
-                    if s.terms
-                        .get(&shard)
-                        .is_some_and(|t| t.fencing_token() <= fencing_token)
-                    {
-                        s.terms.remove(&shard);
-                    }
-                });
-                ShardEvent::Demoted {
-                    shard,
-                    fencing_token,
-                    reason,
-                    stop_by,
-                }
-            }
-            LeadershipEvent::LeaderChanged(_) => continue,
-        };
-        crate::metrics::shards_owned(&group, status.borrow().owned().len());
-        subscribers.send(&event);
+            })
+        }
+        LeadershipEvent::LeaderChanged(_) => None,
     }
 }
 
