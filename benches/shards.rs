@@ -293,7 +293,14 @@ async fn section(name: &str, group: &mut dyn Group, o: &Options) {
         median(leave_moves),
     );
     let at = mono_ns();
-    if group.kill() {
+    if o.members < 3 {
+        // The section runs `members - 1` members outside the rounds: killing one of them
+        // must leave another to take its shards.
+        println!(
+            "{name}: a member killed: not run (--members {} leaves nobody to take over; use 3 or more)",
+            o.members
+        );
+    } else if group.kill() {
         match balanced(group, o.shards, at).await {
             Some((after, ms)) => println!(
                 "{name}: a member killed (kill -9): balanced over the others {ms:.0} ms later \
