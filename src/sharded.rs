@@ -1094,12 +1094,12 @@ impl<B: Backend> Coordinator<B> {
     }
 }
 
-/// Passes the shards' term changes on to the status and the subscribers, in the order each
-/// shard's campaign sent them; ends once every shard's campaign stopped and the coordinator
-/// is gone.
 /// The most shard events [`forward`] takes in one batch.
 const FORWARD_BATCH: usize = 1024;
 
+/// Passes the shards' term changes on to the status and the subscribers, in the order each
+/// shard's campaign sent them; ends once every shard's campaign stopped and the coordinator
+/// is gone.
 async fn forward(
     mut events: mpsc::UnboundedReceiver<(u32, LeadershipEvent)>,
     status: Arc<watch::Sender<ShardStatus>>,
