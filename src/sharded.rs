@@ -254,11 +254,16 @@ pub fn assign(shards: u32, members: &[ShardMember]) -> Vec<Option<usize>> {
             }
         }
     }
+    // Each member's best claims, in shard order: one pass over the shards, not one per member.
+    let mut kept_by: Vec<Vec<u32>> = vec![Vec::new(); members.len()];
+    for (k, b) in (0..shards).zip(&best) {
+        if let Some(i) = *b {
+            kept_by[i].push(k);
+        }
+    }
     let mut left = quota.clone();
     for &i in &live {
-        let mut kept: Vec<u32> = (0..shards)
-            .filter(|&k| best[k as usize] == Some(i))
-            .collect();
+        let mut kept = std::mem::take(&mut kept_by[i]);
         // Each rank once (a lookup and a hash), not once per comparison.
         kept.sort_by_cached_key(|&k| std::cmp::Reverse(rank(i, k)));
         for k in kept.into_iter().take(quota[i] as usize) {
@@ -745,8 +750,9 @@ struct Coordinator<B: Backend> {
     /// That task, awaited at the end, once every shard stopped.
     forwarding: Option<tokio::task::JoinHandle<()>>,
     stopping: JoinSet<()>,
-    /// What each slot's observer last said.
-    view: BTreeMap<u32, Leader>,
+    /// What each slot's observer last said, and the member it names, read once per change
+    /// of the slot (`None`: a member built with another number of shards).
+    view: BTreeMap<u32, (Leader, Option<ShardMember>)>,
     /// The claims and the shards led, as last written to our slot (`None`: not yet).
     published: Option<(BTreeSet<u32>, BTreeSet<u32>)>,
 }
@@ -908,9 +914,14 @@ impl<B: Backend> Coordinator<B> {
 
     fn saw(&mut self, slot: u32, leader: Option<Leader>) {
         match leader {
-            Some(leader) => self.view.insert(slot, leader),
-            None => self.view.remove(&slot),
-        };
+            Some(leader) => {
+                let member = ShardMember::from_leader(&leader, self.shards);
+                self.view.insert(slot, (leader, member));
+            }
+            None => {
+                self.view.remove(&slot);
+            }
+        }
     }
 
     /// Takes the first free member slot.
@@ -986,7 +997,7 @@ impl<B: Backend> Coordinator<B> {
         let mine = registration.as_ref().map(|r| r.slot);
         let mut members = Vec::new();
         let mut foreign = Vec::new();
-        for (slot, leader) in &self.view {
+        for (slot, (leader, member)) in &self.view {
             // A slot under this member's id other than the one it holds now is its own
             // earlier registration, still in a stale view (after its session was lost, a
             // freeze): its claims are history, and counting them would take back shards the
@@ -994,13 +1005,16 @@ impl<B: Backend> Coordinator<B> {
             if leader.candidate.id == me && Some(*slot) != mine {
                 continue;
             }
-            match ShardMember::from_leader(leader, self.shards) {
-                Some(m) => members.push(m),
+            match member {
+                Some(m) => members.push(m.clone()),
                 None => foreign.push(leader.candidate.id.clone()),
             }
         }
-        let registered =
-            mine.is_some_and(|slot| self.view.get(&slot).is_some_and(|l| l.candidate.id == me));
+        let registered = mine.is_some_and(|slot| {
+            self.view
+                .get(&slot)
+                .is_some_and(|(l, _)| l.candidate.id == me)
+        });
         let target: BTreeSet<u32> = if registered {
             let map = assign(self.shards, &members);
             let index = members.iter().position(|m| m.id == me);
@@ -1036,20 +1050,30 @@ impl<B: Backend> Coordinator<B> {
                 self.shards
             )
         });
+        let member_count = members.len();
+        // What changed is replaced; the rest is left as it is (every member's claims and
+        // the map are thousands of shards each, computed again at every slot's change).
         self.status.send_if_modified(|s| {
-            let changed = s.members != members
-                || s.assigned != target
-                || s.registered != registered
-                || (problem.is_some() && s.problem != problem);
-            s.members = members.clone();
-            s.assigned = target.clone();
-            s.registered = registered;
-            if problem.is_some() {
-                s.problem = problem.clone();
+            let mut changed = false;
+            if s.members != members {
+                s.members = members;
+                changed = true;
+            }
+            if s.assigned != target {
+                s.assigned = target.clone();
+                changed = true;
+            }
+            if s.registered != registered {
+                s.registered = registered;
+                changed = true;
+            }
+            if problem.is_some() && s.problem != problem {
+                s.problem = problem;
+                changed = true;
             }
             changed
         });
-        crate::metrics::shard_members(self.group(), members.len());
+        crate::metrics::shard_members(self.group(), member_count);
         let published = (target, self.status.borrow().owned());
         let stale = match &self.published {
             None => true,
