@@ -235,7 +235,7 @@ impl Campaign {
     /// shutdowns (a task each to spawn, schedule and free), and so does `join_all` over
     /// thousands of them, whose `FuturesUnordered` polls again each shutdown that tokio's
     /// per-task budget turned away. Stopping 100,000 etcd campaigns in one process took
-    /// 1.7 s and 1.8 s of this process's CPU this way, against 2.0 s and 2.6 s with a task
+    /// 1.7 s (1.8 s of the process's CPU) this way, against 2.0 s (2.6 s of CPU) with a task
     /// each (BENCHMARKS.md, "Scale").
     ///
     /// ```

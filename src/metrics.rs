@@ -10,7 +10,7 @@
 //! | `incumbent_elections_won_total` | counter | `election` | terms won |
 //! | `incumbent_demotions_total` | counter | `election`, `reason` | terms lost, by [`DemotionReason::as_str`](crate::DemotionReason::as_str) |
 //! | `incumbent_hand_overs_total` | counter | `election`, `outcome` | hand-overs made as leader: `done`, `lapsed`, `refused` ([`CampaignHandle::hand_over`](crate::CampaignHandle::hand_over)); the term's end counts in `incumbent_demotions_total` as `reason="handed_over"`, not as a loss |
-//! | `incumbent_shards_owned` | gauge | `group` | shards of a [sharded election](crate::sharded) this process leads, as its shard events say |
+//! | `incumbent_shards_owned` | gauge | `group` | shards of a [sharded election](crate::sharded) this process leads, as its shard events say: a shard counts from its `Elected` event to its `Demoted` event (each shard is an election, whose `incumbent_is_leader` drops at the instant its term ends) |
 //! | `incumbent_shard_members` | gauge | `group` | members of a sharded election that this process sees |
 //! | `incumbent_campaign_attempts_total` | counter | `election`, `result` | acquisition attempts: `won`, `held`, `delayed`, `error` |
 //! | `incumbent_renewals_total` | counter | `backend`, `session`, `result` | session renewals: `ok`, `gone`, `error`, `timeout` |
