@@ -14,6 +14,9 @@
 //!   all down (every lock released); for the start and the shutdown, the CPU this process
 //!   and the store's server used (when the benchmark started the server) and the
 //!   allocations per election.
+//! - `memory-set`, `etcd-set`: the same, with the elections the members of one
+//!   `ElectionSet` (one task for all) instead of a campaign each. `etcd-set` runs of at
+//!   least 10,000 print issue 27's bounds too.
 //! - `etcd-followers`: `--processes` backends (each its own connection, identity and lease,
 //!   as separate processes would have) contend for the same `--count` elections; how
 //!   leadership spreads, the live heap per campaign once settled (leaders and followers
@@ -45,7 +48,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use incumbent::backend::Backend;
-use incumbent::{Campaign, Election, Role};
+use incumbent::{Campaign, Election, ElectionSet, Role};
 
 /// Counts live heap bytes and live blocks, by size class, so that a figure per election
 /// says where the bytes go.
@@ -179,11 +182,13 @@ async fn main() {
         let _ = std::fs::create_dir_all(dir);
     }
     let run = Instant::now();
-    if wanted("memory") {
-        let store = incumbent::memory::MemoryBackend::new();
-        for &n in &args.counts {
-            let r = one_process("memory", n, || store.clone(), TTL, Store::None, &args).await;
-            r.save(&args.csv);
+    for (name, set) in [("memory", false), ("memory-set", true)] {
+        if wanted(name) {
+            let store = incumbent::memory::MemoryBackend::new();
+            for &n in &args.counts {
+                let r = one_process(name, set, n, || store.clone(), TTL, Store::None, &args).await;
+                r.save(&args.csv);
+            }
         }
     }
     #[cfg(unix)]
@@ -191,18 +196,21 @@ async fn main() {
         let dir = tempfile::tempdir().expect("a temp dir");
         for &n in &args.counts {
             let backend = || incumbent::file::FileBackend::in_dir(dir.path());
-            let r = one_process("file", n, backend, TTL, Store::None, &args).await;
+            let r = one_process("file", false, n, backend, TTL, Store::None, &args).await;
             r.save(&args.csv);
         }
     }
     #[cfg(feature = "etcd")]
-    if wanted("etcd") {
+    for (name, set) in [("etcd", false), ("etcd-set", true)] {
+        if !wanted(name) {
+            continue;
+        }
         let mut server = support::EtcdServer::single().await;
         watch_server(server.process().pid());
         let backend = etcd_connect(&server.endpoints()).await;
         let store = Store::Etcd(server.client_addr());
         for &n in &args.counts {
-            let r = one_process("etcd", n, || backend.clone(), TTL, store, &args).await;
+            let r = one_process(name, set, n, || backend.clone(), TTL, store, &args).await;
             println!("  leases held: {}", backend.lease_ids().len());
             if n >= 10_000 {
                 r.bounds();
@@ -224,7 +232,7 @@ async fn main() {
             .expect("connect to zookeeper");
         let store = Store::Zookeeper(server.admin_addr());
         for &n in args.counts.iter().filter(|&&n| n <= 10_000) {
-            let r = one_process("zookeeper", n, || backend.clone(), TTL, store, &args).await;
+            let r = one_process("zookeeper", false, n, || backend.clone(), TTL, store, &args).await;
             println!("  sessions held: {}", backend.session_ids().len());
             r.save(&args.csv);
         }
@@ -236,7 +244,16 @@ async fn main() {
         let backend = consul_connect(&format!("http://{addr}"));
         let store = Store::Consul(addr);
         for &n in args.counts.iter().filter(|&&n| n <= 1_000) {
-            let r = one_process("consul", n, || backend.clone(), CONSUL_TTL, store, &args).await;
+            let r = one_process(
+                "consul",
+                false,
+                n,
+                || backend.clone(),
+                CONSUL_TTL,
+                store,
+                &args,
+            )
+            .await;
             println!("  sessions held: {}", backend.session_ids().len());
             r.save(&args.csv);
         }
@@ -369,16 +386,24 @@ fn election<B: Backend>(backend: B, name: String, id: &str, ttl: Duration) -> El
         .expect("valid settings")
 }
 
-/// `count` elections in one process, one candidate identity.
+/// `count` elections in one process, one candidate identity: a campaign each, or (`set`)
+/// the members of one `ElectionSet`.
+#[allow(clippy::too_many_arguments)]
 async fn one_process<B: Backend>(
     name: &'static str,
+    set: bool,
     count: usize,
     connect: impl Fn() -> B,
     ttl: Duration,
     store: Store,
     args: &Args,
 ) -> Row {
-    println!("\n## {name}: {count} elections in one process (ttl {ttl:?})");
+    let how = if set {
+        "members of one ElectionSet"
+    } else {
+        "a campaign each"
+    };
+    println!("\n## {name}: {count} elections in one process, {how} (ttl {ttl:?})");
     trim();
     let rss_before = rss_bytes();
     let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
@@ -386,10 +411,8 @@ async fn one_process<B: Backend>(
     let start = Instant::now();
     let cpu_at_start = (cpu_time(), server_cpu_time());
     let allocations_at_start = ALLOCATIONS.load(Ordering::Relaxed);
-    let campaigns: Vec<Campaign> = (0..count)
-        .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
-        .collect();
-    let led = until_roles(&campaigns, |leaders, _| leaders == count, STEP_LIMIT).await;
+    let held = Held::start(set, count, connect, ttl);
+    let led = held.until_all_lead(count).await;
     let to_all_led = start.elapsed();
     println!(
         "  {led} of {count} led in {:.3} s",
@@ -435,7 +458,7 @@ async fn one_process<B: Backend>(
     let cpu_at_stop = (cpu_time(), server_cpu_time());
     let allocations_at_stop = ALLOCATIONS.load(Ordering::Relaxed);
     let timeline = Timeline::start();
-    stop_all(campaigns).await;
+    held.stop().await;
     let shutdown = stopping.elapsed();
     println!("  shutdown (all released): {:.3} s", shutdown.as_secs_f64());
     timeline.print("shutdown");
@@ -453,6 +476,56 @@ async fn one_process<B: Backend>(
         idle_cpu_ms_per_s,
         idle_requests_per_s,
         shutdown,
+    }
+}
+
+/// The elections of [`one_process`]: a campaign each, or one set's members.
+enum Held {
+    Campaigns(Vec<Campaign>),
+    Set(ElectionSet),
+}
+
+impl Held {
+    fn start<B: Backend>(set: bool, count: usize, connect: impl Fn() -> B, ttl: Duration) -> Held {
+        if set {
+            let set = election(connect(), "scale".into(), "bench", ttl).set();
+            for i in 0..count {
+                set.join(&format!("scale/{i}")).expect("a valid name");
+            }
+            Held::Set(set)
+        } else {
+            Held::Campaigns(
+                (0..count)
+                    .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
+                    .collect(),
+            )
+        }
+    }
+
+    /// Waits until all `count` lead, or [`STEP_LIMIT`]; returns how many lead then.
+    async fn until_all_lead(&self, count: usize) -> usize {
+        match self {
+            Held::Campaigns(campaigns) => {
+                until_roles(campaigns, |leaders, _| leaders == count, STEP_LIMIT).await
+            }
+            Held::Set(set) => {
+                let deadline = Instant::now() + STEP_LIMIT;
+                while set.leading() < count && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                set.leading()
+            }
+        }
+    }
+
+    /// Shuts every election down; returns once every lock is released.
+    async fn stop(self) {
+        match self {
+            Held::Campaigns(campaigns) => stop_all(campaigns).await,
+            Held::Set(set) => {
+                let _ = tokio::time::timeout(STEP_LIMIT, set.shutdown()).await;
+            }
+        }
     }
 }
 

@@ -245,6 +245,12 @@ macro_rules! any_backend {
                 }
             }
 
+            fn ignore_requests(&mut self) {
+                match self {
+                    $( $(#[$cfg])* AnyContender::$variant(c) => c.ignore_requests(), )*
+                }
+            }
+
             async fn leave(&mut self) -> Result<Option<crate::backend::Settling>> {
                 match self {
                     $( $(#[$cfg])* AnyContender::$variant(c) => c.leave().await, )*

@@ -1155,21 +1155,12 @@ impl<B: Backend> Engine<B> {
         let options = self.config.session_options();
         loop {
             self.set_role(Role::Connecting);
-            let opening = timeout(self.config.ttl, self.backend.open_session(&options));
+            let opening = open_within(&self.backend, &options, self.config.ttl);
             let opened = self
                 .inbox
                 .unless_interrupted(None, pin!(opening))
                 .await
                 .ok()?;
-            let opened = opened.unwrap_or_else(|_| {
-                Err(Error::Unavailable {
-                    backend: self.backend.info().name,
-                    reason: format!(
-                        "no answer to opening a session within the ttl ({:?})",
-                        self.config.ttl
-                    ),
-                })
-            });
             match opened {
                 Ok(session) => {
                     tracing::debug!(session = %session.id(), "session opened");
@@ -1196,7 +1187,12 @@ impl<B: Backend> Engine<B> {
             .contend(&self.config.name, &self.config.candidate)
             .await
         {
-            Ok(c) => Box::new(c),
+            Ok(mut c) => {
+                if !self.config.switchover_requests {
+                    c.ignore_requests();
+                }
+                Box::new(c)
+            }
             Err(error) => {
                 tracing::warn!(%error, "could not prepare the claim");
                 return Pursuit::SessionLost;
@@ -1462,7 +1458,7 @@ impl<B: Backend> Engine<B> {
         };
         let gap = self.gap();
         let (term, guards) = Term::new(
-            ElectionConfig(self.config.clone()),
+            ElectionConfig::of(self.config.clone()),
             leader.clone(),
             fencing_token,
             gap,
@@ -1990,7 +1986,7 @@ impl<B: Backend> Engine<B> {
         let mut renewals = stop_by.is_none();
         loop {
             let safe_until =
-                stop_by.unwrap_or_else(|| health.borrow().confirmed_sent_at + ttl - margin);
+                stop_by.unwrap_or_else(|| last_safe(health.borrow().confirmed_sent_at, ttl));
             tokio::select! {
                 biased;
                 _ = guards.recv() => return true,
@@ -2012,16 +2008,7 @@ impl<B: Backend> Engine<B> {
     /// When the work of a term that ended for `reason` must have stopped: see
     /// [`Term::stop_by`]. `confirmed`: when the last confirmed renewal was sent.
     fn stop_by(&self, reason: DemotionReason, confirmed: Instant) -> Option<Instant> {
-        match reason {
-            r if r.is_voluntary() => None,
-            // The lease may still be alive in the store: it cannot expire before `confirmed +
-            // ttl`; stop the work a margin before that.
-            DemotionReason::RenewDeadlineExceeded | DemotionReason::ConnectionLost => {
-                Some(confirmed + self.config.ttl - self.config.ttl / HARD_STOP_MARGIN_DIVISOR)
-            }
-            // The store has taken the lock away already: the next leader may be starting.
-            _ => Some(Instant::now()),
-        }
+        stop_by(reason, confirmed, self.config.ttl)
     }
 
     /// Leaves the queue (or releases) and reports a stop.
@@ -2078,7 +2065,11 @@ impl<B: Backend> Engine<B> {
         if self.presence.is_none() {
             let name = presence_name(&self.config.name, &self.config.candidate.id);
             match timeout(limit, session.contend(&name, &self.config.candidate)).await {
-                Ok(Ok(presence)) => self.presence = Some(Box::new((id, Mutex::new(presence)))),
+                Ok(Ok(mut presence)) => {
+                    // A presence record is never asked to hand over.
+                    presence.ignore_requests();
+                    self.presence = Some(Box::new((id, Mutex::new(presence))));
+                }
                 _ => return,
             }
         }
@@ -2295,6 +2286,47 @@ const GATE_RECHECK: Duration = Duration::from_millis(5);
 
 /// The holder of `name`, read once with a fresh observer after `after`; `None` when nobody
 /// holds it or the read failed.
+/// When the work of a term that ended for `reason` must have stopped (see
+/// [`Term::stop_by`]); `confirmed`: when the session's last confirmed renewal was sent.
+pub(crate) fn stop_by(
+    reason: DemotionReason,
+    confirmed: Instant,
+    ttl: Duration,
+) -> Option<Instant> {
+    match reason {
+        r if r.is_voluntary() => None,
+        // The lease may still be alive in the store: it cannot expire before `confirmed +
+        // ttl`; stop the work a margin before that.
+        DemotionReason::RenewDeadlineExceeded | DemotionReason::ConnectionLost => {
+            Some(last_safe(confirmed, ttl))
+        }
+        // The store has taken the lock away already: the next leader may be starting.
+        _ => Some(Instant::now()),
+    }
+}
+
+/// The last instant a term's work may go on while the session's lease could lapse: a ttl
+/// after `confirmed` (the last confirmed renewal's send), less a tenth of the ttl.
+pub(crate) fn last_safe(confirmed: Instant, ttl: Duration) -> Instant {
+    confirmed + ttl - ttl / HARD_STOP_MARGIN_DIVISOR
+}
+
+/// Opens a session, or says that the store gave no answer within `ttl`.
+pub(crate) async fn open_within<B: Backend>(
+    backend: &B,
+    options: &crate::backend::SessionOptions,
+    ttl: Duration,
+) -> Result<B::Session> {
+    timeout(ttl, backend.open_session(options))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Unavailable {
+                backend: backend.info().name,
+                reason: format!("no answer to opening a session within the ttl ({ttl:?})"),
+            })
+        })
+}
+
 async fn read_leader<B: Backend>(backend: &B, name: &str, after: Duration) -> Option<Leader> {
     sleep(after).await;
     let mut observer = backend.observe(name).await.ok()?;

@@ -96,7 +96,7 @@ impl Fence {
     /// The freshness as the timer last published it, marked as seen. It may lag the
     /// session's health by a task's hop: decide from the health itself
     /// ([`Freshness::of`]), and use the fence to know when to look again.
-    fn now(&mut self) -> Freshness {
+    pub fn now(&mut self) -> Freshness {
         *self.freshness.borrow_and_update()
     }
 

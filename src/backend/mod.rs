@@ -599,6 +599,14 @@ pub trait Contender: Send + 'static {
     /// Updates the value others read (identity and metadata) while holding the lock.
     fn proclaim(&mut self, leader: &Leader) -> impl Future<Output = Result<()>> + Send;
 
+    /// Says that whoever uses this contender will not watch the election's request lock
+    /// (the hand-over requests of [`switchover`](crate::switchover)): a campaign built with
+    /// [`switchover_requests(false)`](crate::ElectionBuilder::switchover_requests), and every
+    /// member of an [`ElectionSet`](crate::ElectionSet). A backend that reads the request lock
+    /// with its acquisitions, and keeps a view of it for that watch, may then do neither
+    /// (etcd). Called before the first acquisition. The default does nothing.
+    fn ignore_requests(&mut self) {}
+
     /// Gives up the lock, or leaves the queue.
     fn release(&mut self) -> impl Future<Output = Result<()>> + Send;
 

@@ -53,7 +53,9 @@ pub struct EtcdContender {
     key: String,
     /// The length of the range at the start of `key`.
     range_len: usize,
-    candidate: Candidate,
+    /// Shared with the lease's other contenders of the same candidate
+    /// ([`Lease::shared_candidate`]).
+    candidate: Arc<Candidate>,
     /// The create revision of our key, once written.
     created: Option<i64>,
     /// When our term began, as written in the key's value once we won.
@@ -71,14 +73,17 @@ pub struct EtcdContender {
     /// our own key; while leading, of what can end the hold ([`Interest::Held`]).
     follow: Option<Follow>,
     /// While following: whom we wait for.
-    waiting: Option<Waiting>,
+    waiting: Option<Box<Waiting>>,
     /// From a write of our key until we follow, or lead and the request lock is observed: a
     /// view of the election's request lock (which the write's transaction read), so that this
     /// process knows who holds it and the leader's observer of it need not read it.
-    requests: Option<Follow>,
+    requests: Option<Box<Follow>>,
     /// `wait` saw the delete of the only key older than ours, ahead of any delete of ours, at
     /// this revision: from then on we lead, without reading the range again.
     promoted: Option<i64>,
+    /// Nobody will watch the election's request lock ([`Contender::ignore_requests`]): the
+    /// write neither reads it nor keeps a view of it.
+    ignores_requests: bool,
     /// A loss seen while leading (by [`lost`](Contender::lost), or by the re-read after a
     /// broken watch), kept until the next acquisition, so that dropping `lost`'s future
     /// loses nothing.
@@ -119,7 +124,7 @@ impl EtcdContender {
         lease: Arc<Lease>,
         range_len: usize,
         key: String,
-        candidate: Candidate,
+        candidate: Arc<Candidate>,
         handle: u64,
     ) -> Self {
         EtcdContender {
@@ -137,6 +142,7 @@ impl EtcdContender {
             follow: None,
             waiting: None,
             requests: None,
+            ignores_requests: false,
             promoted: None,
             noticed: None,
         }
@@ -155,7 +161,7 @@ impl EtcdContender {
     /// Our key's value: who we are, when our term began, and, once we lead, its token.
     fn value(&self, leading_since: Option<i64>) -> Vec<u8> {
         Leader {
-            candidate: self.candidate.clone(),
+            candidate: (*self.candidate).clone(),
             fencing_token: leading_since.map(token_of),
             since_unix_ms: self.since,
         }
@@ -303,30 +309,38 @@ impl EtcdContender {
         // The election's request lock is read in the same transaction, for the leader's
         // observer of it (`Sightings` of hand-over requests): made before the read, the view
         // lets this process know its holder until it changes, so the observer need not read.
-        let requests = self.requests_range();
-        let mut view = Follow::new(&self.backend, &requests, true);
-        view.attend(Interest::Nothing);
+        // (Neither, when nobody will watch the request lock.)
+        let requests = (!self.ignores_requests).then(|| self.requests_range());
+        let mut view = requests.as_deref().map(|requests| {
+            let mut view = Follow::new(&self.backend, requests, true);
+            view.attend(Interest::Nothing);
+            view
+        });
         let holder_options = super::queue_options().with_limit(1);
+        let mut written = vec![
+            TxnOp::put(self.key.clone(), self.value(None), Some(self.put_options())),
+            // Our key is the newest of the range now: the holder, and the two newest (ours
+            // and the one just before it), are all of the queue a candidate acts on, and
+            // cost etcd (and this process) less than the whole queue.
+            TxnOp::get(self.range().to_owned(), Some(holder_options.clone())),
+            TxnOp::get(self.range().to_owned(), Some(newest_two())),
+        ];
+        let mut found = vec![
+            TxnOp::get(self.key.clone(), None),
+            TxnOp::get(self.range().to_owned(), Some(super::queue_options())),
+        ];
+        if let Some(requests) = requests {
+            written.push(TxnOp::get(requests.clone(), Some(holder_options.clone())));
+            found.push(TxnOp::get(requests, Some(holder_options)));
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
                 CompareOp::Equal,
                 0,
             )])
-            .and_then([
-                TxnOp::put(self.key.clone(), self.value(None), Some(self.put_options())),
-                // Our key is the newest of the range now: the holder, and the two newest (ours
-                // and the one just before it), are all of the queue a candidate acts on, and
-                // cost etcd (and this process) less than the whole queue.
-                TxnOp::get(self.range().to_owned(), Some(holder_options.clone())),
-                TxnOp::get(self.range().to_owned(), Some(newest_two())),
-                TxnOp::get(requests.clone(), Some(holder_options.clone())),
-            ])
-            .or_else([
-                TxnOp::get(self.key.clone(), None),
-                TxnOp::get(self.range().to_owned(), Some(super::queue_options())),
-                TxnOp::get(requests, Some(holder_options)),
-            ]);
+            .and_then(written)
+            .or_else(found);
         let (backend, range) = (self.backend.clone(), self.range().to_owned());
         let response = self
             .writing
@@ -354,14 +368,16 @@ impl EtcdContender {
                 TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
                 _ => None,
             });
-        let learn = |reads: &mut dyn Iterator<Item = Vec<KeyValue>>, written: bool| {
+        let mut learn = |reads: &mut dyn Iterator<Item = Vec<KeyValue>>, written: bool| {
             let mut candidates = reads.next().unwrap_or_default();
             if written {
                 candidates = with_newest(candidates, reads.next().unwrap_or_default());
             }
-            let request = reads.next().and_then(|kvs| kvs.into_iter().next());
-            view.learn(revision, request.as_ref());
-            self.requests = Some(view);
+            if let Some(view) = view.take() {
+                let request = reads.next().and_then(|kvs| kvs.into_iter().next());
+                view.learn(revision, request.as_ref());
+                self.requests = Some(Box::new(view));
+            }
             candidates
         };
         if response.succeeded() {
@@ -679,11 +695,11 @@ impl Contender for EtcdContender {
             // leader): they need not read it again.
             follow.learn(queue.revision, Some(first));
             follow.attend(Interest::Deletes(keys));
-            self.waiting = Some(Waiting {
+            self.waiting = Some(Box::new(Waiting {
                 predecessor,
                 predecessor_created,
                 next_in_line,
-            });
+            }));
             return Ok(Attempt::Held {
                 holder: Some(leader_of(first)),
             });
@@ -750,11 +766,16 @@ impl Contender for EtcdContender {
         Ok(())
     }
 
+    fn ignore_requests(&mut self) {
+        self.ignores_requests = true;
+        self.requests = None;
+    }
+
     async fn lost(&mut self) -> LockLoss {
         // Once the leader's observer of the request lock follows it (from the campaign's
         // first turn, before `lost` is polled again), this view's work is done: what it knew
         // is the range's.
-        if self.requests.as_ref().is_some_and(Follow::shared) {
+        if self.requests.as_ref().is_some_and(|view| view.shared()) {
             self.requests = None;
         }
         loop {
@@ -806,7 +827,7 @@ impl Contender for EtcdContender {
                 "cannot proclaim: this candidate does not hold the lock",
             ));
         };
-        let previous = std::mem::replace(&mut self.candidate, leader.candidate.clone());
+        let previous = std::mem::replace(&mut self.candidate, Arc::new(leader.candidate.clone()));
         let txn = Txn::new()
             .when([
                 Compare::create_revision(self.key.clone(), CompareOp::Equal, created),

@@ -13,7 +13,7 @@ use super::{EtcdBackend, error};
 use crate::Result;
 use crate::backend::keepalive::KeepAlive;
 use crate::backend::lock;
-use crate::backend::{SessionHealth, SessionLoss};
+use crate::backend::{Candidate, SessionHealth, SessionLoss};
 
 /// A granted lease and its keep-alive, shared through the backend's pool by every
 /// [`EtcdSession`] with its options.
@@ -39,6 +39,9 @@ pub(super) struct Lease {
     /// keeping, and the campaigns tearing down at once (thousands, on two cores) do not
     /// queue for those two locks to update them.
     pub retired: AtomicBool,
+    /// The candidate of the lease's last contender, shared by the next ones with the same
+    /// candidate (most often all: one process, one identity), instead of a copy each.
+    pub candidate: Mutex<Option<Arc<Candidate>>>,
 }
 
 /// A revoke of the lease for its leavers ([`Lease::leaving`]).
@@ -75,6 +78,19 @@ pub(super) struct Leavers {
 }
 
 impl Lease {
+    /// `candidate`, shared with the lease's last contender if it had the same.
+    pub fn shared_candidate(&self, candidate: &Candidate) -> Arc<Candidate> {
+        let mut last = lock(&self.candidate);
+        match &*last {
+            Some(shared) if **shared == *candidate => shared.clone(),
+            _ => {
+                let shared = Arc::new(candidate.clone());
+                *last = Some(shared.clone());
+                shared
+            }
+        }
+    }
+
     /// Counts one more handle, unless the lease is being revoked for its leavers.
     pub fn try_join(&self) -> bool {
         let mut leavers = lock(&self.leavers);

@@ -223,6 +223,7 @@ async fn grant(backend: &EtcdBackend, options: &SessionOptions) -> Result<Lease>
         leavers: Mutex::default(),
         retired: Default::default(),
         revoke: watch::Sender::new(Revoke::No),
+        candidate: Mutex::default(),
     })
 }
 
@@ -321,7 +322,7 @@ impl Session for EtcdSession {
             self.lease.session(),
             range.len(),
             key,
-            candidate.clone(),
+            self.lease.shared_candidate(candidate),
             self.id,
         ))
     }

@@ -12,7 +12,10 @@ use incumbent::backend::{
     Attempt, Backend, Candidate, Contender, Observer, Session, SessionOptions,
 };
 use incumbent::etcd::EtcdBackend;
-use incumbent::{Campaign, DemotionReason, Election, Error, Leader, LeadershipEvent, Role};
+use incumbent::{
+    Campaign, DemotionReason, Election, ElectionSet, Error, Leader, LeadershipEvent, Role,
+    SetEvent, SetEvents, Term,
+};
 use tokio::time::{Instant, sleep, timeout};
 
 /// The ttl of most tests: etcd's minimum, so that expiries come fast.
@@ -1944,4 +1947,208 @@ async fn participants_lists_the_queue_leader_first_without_campaigning() {
         campaign.shutdown().await.expect("shutdown");
     }
     a.shutdown().await.expect("shutdown");
+}
+
+/// An [`ElectionSet`] of `candidate` on `backend`, with this file's settings.
+fn set_of(backend: &EtcdBackend, candidate: &str) -> ElectionSet {
+    election(backend, "sets", candidate, TTL).set()
+}
+
+/// The next `Elected` of `name` among a set's events.
+async fn set_elected(events: &mut SetEvents, name: &str) -> Term {
+    timeout(PATIENCE, async {
+        loop {
+            let SetEvent { election, event } = events.recv().await.expect("the set runs");
+            if &*election == name
+                && let LeadershipEvent::Elected(term) = event
+            {
+                return term;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} not elected within {PATIENCE:?}"))
+}
+
+/// The reason of the next `Demoted` of `name` among a set's events.
+async fn set_demoted(events: &mut SetEvents, name: &str) -> DemotionReason {
+    timeout(PATIENCE, async {
+        loop {
+            let SetEvent { election, event } = events.recv().await.expect("the set runs");
+            if &*election == name
+                && let LeadershipEvent::Demoted { reason, .. } = event
+            {
+                return reason;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} not demoted within {PATIENCE:?}"))
+}
+
+async fn count_keys(client: &mut Client, prefix: &str) -> i64 {
+    let options = GetOptions::new().with_prefix().with_count_only();
+    client
+        .get(prefix, Some(options))
+        .await
+        .expect("count")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_set_leads_more_elections_than_it_starts_at_once_on_one_lease() {
+    let (_etcd, mut client, backend) = etcd_alone().await;
+    let count = 600; // more than a set makes first claims at once (512)
+    let set = set_of(&backend, "host-a");
+    for i in 0..count {
+        set.join(&format!("set/{i}")).expect("a valid name");
+    }
+    timeout(PATIENCE, async {
+        while set.leading() < count {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every member leads");
+    assert_eq!(
+        count_keys(&mut client, "incumbent/set/").await,
+        count as i64,
+        "a key each"
+    );
+    assert_eq!(backend.lease_ids().len(), 1, "one lease for every member");
+    let keys = client
+        .get("incumbent/set/", Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("read");
+    let lease = backend.lease_ids()[0];
+    assert!(keys.kvs().iter().all(|kv| kv.lease() == lease));
+    // No member reads or watches the request lock: a set takes no hand-over requests.
+    assert!(set.term("set/7").is_some_and(|t| t.fencing_token() > 0));
+    set.shutdown().await.expect("shuts down");
+    assert_eq!(
+        count_keys(&mut client, "incumbent/set/").await,
+        0,
+        "every key released"
+    );
+    assert!(backend.lease_ids().is_empty(), "the lease revoked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_set_takes_over_what_the_leader_set_leaves_loses_or_shuts_down() {
+    let etcd = EtcdServer::single().await;
+    let mut client = operator(&etcd.endpoints()).await;
+    let (a_backend, b_backend) = (
+        connect(&etcd.endpoints()).await,
+        connect(&etcd.endpoints()).await,
+    );
+    let (a, b) = (set_of(&a_backend, "host-a"), set_of(&b_backend, "host-b"));
+    let (mut a_events, mut b_events) = (a.events(), b.events());
+    let names = ["handoff/0", "handoff/1", "handoff/2"];
+    let mut a_terms = Vec::new();
+    for name in names {
+        a.join(name).expect("valid");
+        a_terms.push(set_elected(&mut a_events, name).await);
+    }
+    for name in names {
+        b.join(name).expect("valid");
+    }
+    timeout(PATIENCE, async {
+        while names
+            .iter()
+            .any(|n| b.leader(n).is_none_or(|l| l.candidate.id != "host-a"))
+        {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("b sees a lead every election");
+    assert_eq!(b.leading(), 0);
+
+    // A leave: a's term ends at the call, b's begins after the release.
+    let leaving = a.leave(names[0]);
+    assert!(a_terms[0].is_cancelled());
+    leaving.await.expect("left");
+    let b0 = set_elected(&mut b_events, names[0]).await;
+    assert!(b0.fencing_token() > a_terms[0].fencing_token());
+
+    // An operator deletes a's key: only that member's term ends, and b takes over.
+    let key = candidates(&mut client, &a_backend, names[1]).await[0]
+        .key()
+        .to_vec();
+    client.delete(key, None).await.expect("delete");
+    assert_eq!(
+        set_demoted(&mut a_events, names[1]).await,
+        DemotionReason::KeyDeleted
+    );
+    assert!(a_terms[1].is_cancelled());
+    assert!(
+        !a_terms[2].is_cancelled(),
+        "the other member's term goes on"
+    );
+    let b1 = set_elected(&mut b_events, names[1]).await;
+    assert!(b1.fencing_token() > a_terms[1].fencing_token());
+    assert!(!a.is_leader(names[1]));
+
+    // A shutdown hands the rest over.
+    a.shutdown().await.expect("shuts down");
+    assert!(a_terms[2].is_cancelled());
+    let b2 = set_elected(&mut b_events, names[2]).await;
+    assert!(b2.fencing_token() > a_terms[2].fencing_token());
+    assert_eq!(b.leading(), 3);
+    b.shutdown().await.expect("shuts down");
+    assert_eq!(count_keys(&mut client, "incumbent/handoff/").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_ends_every_members_term_and_the_set_leads_again_on_a_new_one() {
+    let (_etcd, mut client, backend) = etcd_alone().await;
+    let set = set_of(&backend, "host-a");
+    let mut events = set.events();
+    let names = ["revoked/0", "revoked/1"];
+    let mut terms = Vec::new();
+    for name in names {
+        set.join(name).expect("valid");
+        terms.push(set_elected(&mut events, name).await);
+    }
+    let lease = backend.lease_ids()[0];
+    client.lease_revoke(lease).await.expect("revoke");
+    // Every member's term ends, and each leads again, in whatever order the set reports.
+    let (mut demoted, mut again) = (
+        std::collections::HashMap::new(),
+        std::collections::HashMap::new(),
+    );
+    timeout(PATIENCE, async {
+        while again.len() < names.len() {
+            let SetEvent { election, event } = events.recv().await.expect("the set runs");
+            match event {
+                LeadershipEvent::Demoted { reason, .. } => {
+                    demoted.insert(election, reason);
+                }
+                LeadershipEvent::Elected(term) if demoted.contains_key(&election) => {
+                    again.insert(election, term);
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("every member demoted and elected again");
+    for (name, term) in names.iter().zip(&terms) {
+        let reason = demoted[*name];
+        assert!(
+            matches!(
+                reason,
+                DemotionReason::SessionExpired | DemotionReason::KeyDeleted
+            ),
+            "{name}: {reason:?}"
+        );
+        assert!(term.is_cancelled());
+        assert!(
+            term.stop_by().is_some(),
+            "an involuntary loss says when the work must stop"
+        );
+        assert!(again[*name].fencing_token() > term.fencing_token());
+    }
+    assert!(!backend.lease_ids().contains(&lease), "a new lease");
+    set.shutdown().await.expect("shuts down");
 }

@@ -60,6 +60,7 @@ mod postgres;
 mod redis;
 #[cfg(all(feature = "etcd", feature = "consul"))]
 mod renewal;
+mod sets;
 mod sharded;
 mod state_machine;
 mod yielding;
