@@ -45,7 +45,7 @@ use crate::queue::{Fanout, QueueReceiver, QueueSender, queue};
 use crate::switchover::{
     self, HandOverError, HandOverStyle, HandedOver, Request, presence_name, request_name,
 };
-use crate::term::{ElectionConfig, Gap, Term};
+use crate::term::{ElectionConfig, Gap, Guards, Term};
 use crate::{Error, Result, metrics};
 
 /// A running campaign for one election: a [`Stream`] of [`LeadershipEvent`]s, plus control.
@@ -712,7 +712,7 @@ struct Office {
     fencing_token: FencingToken,
     in_force: InForce,
     /// Completes once every guard of the term is dropped.
-    guards: QueueReceiver<()>,
+    guards: Guards,
 }
 
 impl Office {
@@ -1975,7 +1975,7 @@ impl<B: Backend> Engine<B> {
     async fn wind_down(
         &self,
         term: &Term,
-        guards: &mut QueueReceiver<()>,
+        guards: &mut Guards,
         health: &mut watch::Receiver<SessionHealth>,
         stop_by: Option<Instant>,
     ) -> bool {

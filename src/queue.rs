@@ -38,7 +38,10 @@ struct QueueState<T> {
     items: std::collections::VecDeque<T>,
     /// Items dropped by [`QueueSender::send_bounded`].
     dropped: u64,
-    senders: usize,
+    /// How many senders are left: a `u32`, so that with `receiver` it packs into 8 bytes,
+    /// and a queue's shared state fits a smaller size class (a term's guard queue is one per
+    /// leading election).
+    senders: u32,
     receiver: bool,
     waker: Option<std::task::Waker>,
 }

@@ -19,7 +19,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -40,7 +40,7 @@ use crate::error::{Error, Result};
 use crate::event::{DemotionReason, LeadershipEvent};
 use crate::fence::{Fence, Freshness};
 use crate::queue::{Fanout, QueueReceiver};
-use crate::term::{ElectionConfig, Gap, Term};
+use crate::term::{ElectionConfig, Gap, Guards, Term};
 
 /// Something that happened to one member of an [`ElectionSet`].
 #[derive(Clone, Debug)]
@@ -169,26 +169,21 @@ struct SetShared {
 }
 
 /// A member's interruption: what tells its step under way to return its claim. One step at a
-/// time waits on it, so a flag and a waker do (a `Notify` and its waiting future cost a
-/// member about 90 bytes more, in every step).
-#[derive(Default)]
-struct Interrupt {
-    raised: AtomicBool,
-    waker: AtomicWaker,
-}
-
-impl Interrupt {
-    /// Raises it: the step waiting on it (or the next one) returns.
-    fn raise(&self) {
-        self.raised.store(true, Ordering::Release);
+/// time waits on it, so a flag (in the member's state) and a waker do: a `Notify` and its
+/// waiting future cost a member about 90 bytes more, in every step.
+impl Member {
+    /// Raises the interruption: the step waiting on it (or the next one) returns.
+    fn interrupt(&self) {
+        lock(&self.state).interrupted = true;
         self.waker.wake();
     }
 
-    /// Completes once it is raised, and lowers it.
-    fn raised(&self) -> impl Future<Output = ()> + '_ {
+    /// Completes once the interruption is raised, and lowers it.
+    fn interrupted(&self) -> impl Future<Output = ()> + '_ {
         std::future::poll_fn(|cx| {
             self.waker.register(cx.waker());
-            if self.raised.swap(false, Ordering::AcqRel) {
+            let mut state = lock(&self.state);
+            if std::mem::take(&mut state.interrupted) {
                 Poll::Ready(())
             } else {
                 Poll::Pending
@@ -224,14 +219,11 @@ impl Eq for ByName {}
 /// One member, as the handle and the task share it.
 struct Member {
     name: Arc<str>,
-    /// Told when the member leaves (or the set stops): its step under way returns its claim.
-    interrupt: Interrupt,
-    /// Its slot in the task's state, set by the task when the member joins.
-    slot: AtomicUsize,
+    /// Woken when the member is interrupted ([`Member::interrupt`]).
+    waker: AtomicWaker,
     state: Mutex<MemberState>,
 }
 
-#[derive(Default)]
 struct MemberState {
     /// The term, from the win until the term ends (and a moment after: read it through
     /// [`Term::is_cancelled`]).
@@ -243,6 +235,10 @@ struct MemberState {
     /// [`ElectionSet::join`] was called again while it was leaving: it campaigns again
     /// once its lock is released.
     rejoin: bool,
+    /// The member leaves (or the set stops): its step under way returns its claim.
+    interrupted: bool,
+    /// Its slot in the task's state, set by the task when the member joins.
+    slot: u32,
 }
 
 enum Command {
@@ -298,9 +294,15 @@ impl ElectionSet {
         let name: Arc<str> = Arc::from(name);
         let member = Arc::new(Member {
             name: name.clone(),
-            interrupt: Interrupt::default(),
-            slot: AtomicUsize::new(usize::MAX),
-            state: Mutex::default(),
+            waker: AtomicWaker::new(),
+            state: Mutex::new(MemberState {
+                term: None,
+                leader: None,
+                leaving: false,
+                rejoin: false,
+                interrupted: false,
+                slot: u32::MAX,
+            }),
         });
         self.commands
             .send(Command::Join(member.clone()))
@@ -454,15 +456,18 @@ struct Slot<B: Backend> {
     member: Arc<Member>,
     /// The claim, while no step holds it.
     claim: Option<Claim<B>>,
-    /// The term in force, the task's own copy: cancelled without a lock.
+    /// The term, the task's own copy: while it is in force (cancelled without a lock), and
+    /// after it ended until its loss is reported and its lock released (a term that ended
+    /// voluntarily is halted if the session ends meanwhile).
     term: Option<Term>,
     /// The guards of the term in force.
-    guards: Option<QueueReceiver<()>>,
-    /// A term that ended voluntarily, until its lock is released: halted if the session
-    /// ends meanwhile.
-    ending: Option<Term>,
-    last_token: Option<FencingToken>,
+    guards: Option<Guards>,
+    /// The token of the member's last term (with `has_token`): a win must beat it.
+    last_token: FencingToken,
     failures: u32,
+    has_token: bool,
+    /// `term` is in force.
+    in_force: bool,
     /// A step is under way.
     busy: bool,
     /// The step under way makes the member's first claim (it counts in
@@ -470,7 +475,7 @@ struct Slot<B: Backend> {
     starting: bool,
     /// The member waits in [`Driver::queued`] to make its first claim.
     queued: bool,
-    /// The term in `ending` was lost, and its loss is being explained: not reported yet.
+    /// The term in `term` was lost, and its loss is being explained: not reported yet.
     explaining: bool,
 }
 
@@ -619,7 +624,7 @@ impl<B: Backend> Driver<B> {
         let stop_by = stop_by(reason, confirmed, self.config.ttl);
         // The terms end first, every one, before anything else is done.
         for slot in self.slots.iter().flatten() {
-            if let Some(term) = &slot.term {
+            if let Some(term) = slot.term.as_ref().filter(|_| slot.in_force) {
                 term.end(stop_by);
             }
         }
@@ -633,22 +638,20 @@ impl<B: Backend> Driver<B> {
             slot.queued = false;
             slot.claim = None;
             slot.guards = None;
-            if std::mem::take(&mut slot.explaining) {
-                // Lost a moment ago; its explanation is dropped with the steps: the session's
-                // end is the reason.
-                if let Some(term) = slot.ending.take() {
-                    self.report(index, &term, reason, term.stop_by());
+            let in_force = std::mem::take(&mut slot.in_force);
+            let explaining = std::mem::take(&mut slot.explaining);
+            match slot.term.take() {
+                Some(term) if in_force => {
+                    self.ended(index);
+                    self.report(index, &term, reason, stop_by);
+                    ended.push(term);
                 }
-            }
-            let Some(slot) = self.slots[index].as_mut() else {
-                continue;
-            };
-            // Ended voluntarily, its work winding down: the lease may lapse now.
-            winding_down.extend(slot.ending.take());
-            if let Some(term) = slot.term.take() {
-                self.ended(index);
-                self.report(index, &term, reason, stop_by);
-                ended.push(term);
+                // Lost a moment ago; its explanation is dropped with the steps: the
+                // session's end is the reason.
+                Some(term) if explaining => self.report(index, &term, reason, term.stop_by()),
+                // Ended voluntarily, its work winding down: the lease may lapse now.
+                Some(term) => winding_down.push(term),
+                None => {}
             }
         }
         halt_at(ended, stop_by);
@@ -696,14 +699,15 @@ impl<B: Backend> Driver<B> {
                     self.slots.push(None);
                     self.slots.len() - 1
                 });
-                member.slot.store(index, Ordering::Relaxed);
+                lock(&member.state).slot = u32::try_from(index).unwrap_or(u32::MAX);
                 self.slots[index] = Some(Slot {
                     member,
                     claim: None,
                     term: None,
                     guards: None,
-                    ending: None,
-                    last_token: None,
+                    last_token: 0,
+                    has_token: false,
+                    in_force: false,
                     failures: 0,
                     busy: false,
                     starting: false,
@@ -716,7 +720,7 @@ impl<B: Backend> Driver<B> {
                 }
             }
             Command::Leave(member, done) => {
-                let index = member.slot.load(Ordering::Relaxed);
+                let index = lock(&member.state).slot as usize;
                 let live = self.slots.get(index).and_then(Option::as_ref);
                 if !live.is_some_and(|slot| Arc::ptr_eq(&slot.member, &member)) {
                     let _ = done.send(());
@@ -755,9 +759,9 @@ impl<B: Backend> Driver<B> {
         let Some(slot) = self.slots[index].as_mut() else {
             return;
         };
-        if let Some(term) = slot.term.take() {
+        if let Some(term) = slot.term.clone().filter(|_| slot.in_force) {
+            slot.in_force = false;
             term.end(None);
-            slot.ending = Some(term.clone());
             self.ended(index);
             self.report(index, &term, DemotionReason::Shutdown, None);
         }
@@ -765,7 +769,7 @@ impl<B: Backend> Driver<B> {
             return;
         };
         if slot.busy {
-            slot.member.interrupt.raise();
+            slot.member.interrupt();
         } else {
             self.release(index);
         }
@@ -845,16 +849,16 @@ impl<B: Backend> Driver<B> {
                 slot.claim = Some(claim);
                 match loss {
                     Some(loss) => {
-                        let Some(term) = slot.term.take() else {
+                        let Some(term) = slot.term.clone().filter(|_| slot.in_force) else {
                             return self.release(index);
                         };
+                        slot.in_force = false;
                         // The term ends first: the store has taken the lock away already,
                         // and the next leader may be starting, so its work must stop now.
                         let now = Instant::now();
                         term.end(Some(now));
                         term.halt(now);
                         slot.guards = None;
-                        slot.ending = Some(term.clone());
                         slot.explaining = true;
                         self.ended(index);
                         self.explain(index, loss, term);
@@ -866,7 +870,7 @@ impl<B: Backend> Driver<B> {
             Done::Explained(claim, loss, term) => {
                 slot.claim = Some(claim);
                 slot.explaining = false;
-                slot.ending = None;
+                slot.term = None;
                 let now = Instant::now();
                 self.report(
                     index,
@@ -879,7 +883,7 @@ impl<B: Backend> Driver<B> {
             Done::Released(claim) => {
                 slot.claim = claim;
                 slot.guards = None;
-                slot.ending = None;
+                slot.term = None;
                 if leaving {
                     let rejoin = !stopping && {
                         let mut state = lock(&slot.member.state);
@@ -914,7 +918,7 @@ impl<B: Backend> Driver<B> {
                 Some("the session is lost")
             } else if Instant::now() >= health.confirmed_sent_at + self.config.renew_deadline {
                 Some("no renewal confirmed within the renew deadline")
-            } else if slot.last_token.is_some_and(|last| fencing_token <= last) {
+            } else if slot.has_token && fencing_token <= slot.last_token {
                 Some("the fencing token did not grow")
             } else {
                 None
@@ -955,8 +959,10 @@ impl<B: Backend> Driver<B> {
             gap,
         );
         slot.term = Some(term.clone());
+        slot.in_force = true;
         slot.guards = Some(guards);
-        slot.last_token = Some(fencing_token);
+        slot.last_token = fencing_token;
+        slot.has_token = true;
         slot.failures = 0;
         {
             let mut state = lock(&slot.member.state);
@@ -1078,7 +1084,7 @@ impl<B: Backend> Driver<B> {
         };
         slot.busy = true;
         let guards = slot.guards.take();
-        let ending = slot.ending.clone();
+        let ending = slot.term.clone();
         let grace = self.config.grace;
         let limit = self.config.ttl;
         let lapse = (self.session.as_ref())
@@ -1170,7 +1176,7 @@ async fn pursue<B: Backend>(
         None => {
             let made = tokio::select! {
                 biased;
-                () = member.interrupt.raised() => None,
+                () = member.interrupted() => None,
                 made = session.contend(&member.name, &config.candidate) => Some(made),
             };
             match made {
@@ -1204,7 +1210,7 @@ async fn pursue<B: Backend>(
     };
     let attempt = tokio::select! {
         biased;
-        () = member.interrupt.raised() => None,
+        () = member.interrupted() => None,
         attempt = async {
             if let Some(until) = until {
                 sleep_until(until).await;
@@ -1235,7 +1241,7 @@ async fn hold<B: Backend>(
     let loss = tokio::select! {
         biased;
         loss = claim.lost() => Some(loss),
-        () = member.interrupt.raised() => None,
+        () = member.interrupted() => None,
     };
     (index, Done::Held(claim, loss))
 }

@@ -1,14 +1,15 @@
 //! [`Term`]: one stretch of leadership, as the application holds it.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use futures_util::task::AtomicWaker;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::backend::{FencingToken, Leader};
 use crate::config::Config;
-use crate::queue::{QueueReceiver, QueueSender, queue};
 
 /// One term of leadership: valid from when it is handed out until its token is cancelled.
 ///
@@ -47,13 +48,19 @@ struct Inner {
     cancel: CancellationToken,
     /// Set, before the token is cancelled, when the term ends involuntarily; or later, when
     /// the lease is about to lapse while a voluntarily ended term's work winds down.
-    stop_by: OnceLock<Instant>,
+    ///
+    /// Kept as nanoseconds from `started` ([`UNSET`] until set), set once: 8 bytes where a
+    /// `OnceLock<Instant>` takes 24.
+    stop_by: AtomicI64,
     /// Cancelled when the term's work must have stopped: at `stop_by`. Made when first asked
     /// for, by [`Term::must_stop`] (a runner asks once the term has ended) or by the halt: a
     /// term that leads holds none.
     halt: OnceLock<CancellationToken>,
-    /// Cloned into every [`TermGuard`]; taken out when the term ends.
-    holds: Mutex<Option<QueueSender<()>>>,
+    /// The guards held, and whether the term hands out more ([`OPEN`]); woken when the last
+    /// goes after the term ended. (A queue whose senders were the guards cost a leading
+    /// election 96 bytes more: 100,000 of them hold 10 MB less.)
+    holds: AtomicU32,
+    guards_gone: AtomicWaker,
 }
 
 /// The election a term is of: its settings, shared with its campaign (the name without a
@@ -157,6 +164,33 @@ impl PackedGap {
     }
 }
 
+/// In [`Inner::stop_by`]: not set.
+const UNSET: i64 = i64::MIN;
+
+/// In [`Inner::holds`]: the term still hands out guards (until it ends).
+const OPEN: u32 = 1 << 31;
+
+/// What the campaign waits on after a term ended: its guards all dropped.
+#[derive(Debug)]
+pub(crate) struct Guards {
+    inner: Arc<Inner>,
+}
+
+impl Guards {
+    /// Completes (with `None`, as a closed queue would) once the term has ended and every
+    /// guard is dropped; never before the term ends.
+    pub(crate) fn recv(&mut self) -> impl std::future::Future<Output = Option<()>> + '_ {
+        std::future::poll_fn(|cx| {
+            self.inner.guards_gone.register(cx.waker());
+            if self.inner.holds.load(Ordering::Acquire) == 0 {
+                std::task::Poll::Ready(None)
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
+}
+
 /// Keeps the lock from being released while held, up to the election's grace.
 ///
 /// When a term ends, the campaign cancels its token, then waits until every guard is dropped
@@ -165,7 +199,17 @@ impl PackedGap {
 /// worker; take one with [`Term::hold`] when you run work from a raw campaign.
 #[derive(Debug)]
 pub struct TermGuard {
-    _hold: Option<QueueSender<()>>,
+    term: Option<Arc<Inner>>,
+}
+
+impl Drop for TermGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.term.take()
+            && inner.holds.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            inner.guards_gone.wake();
+        }
+    }
 }
 
 impl Term {
@@ -174,9 +218,7 @@ impl Term {
         leader: Leader,
         fencing_token: FencingToken,
         gap: Gap,
-    ) -> (Term, QueueReceiver<()>) {
-        // Nothing is ever sent: the receiver learns that every guard went when it closes.
-        let (tx, rx) = queue();
+    ) -> (Term, Guards) {
         let term = Term {
             inner: Arc::new(Inner {
                 election,
@@ -186,12 +228,16 @@ impl Term {
                 started_at: SystemTime::now(),
                 gap: PackedGap::of(gap),
                 cancel: CancellationToken::new(),
-                stop_by: OnceLock::new(),
+                stop_by: AtomicI64::new(UNSET),
                 halt: OnceLock::new(),
-                holds: Mutex::new(Some(tx)),
+                holds: AtomicU32::new(OPEN),
+                guards_gone: AtomicWaker::new(),
             }),
         };
-        (term, rx)
+        let guards = Guards {
+            inner: term.inner.clone(),
+        };
+        (term, guards)
     }
 
     /// Cancels the token and stops handing out guards. Returns once nothing else can hold.
@@ -199,18 +245,36 @@ impl Term {
     /// before the token is cancelled, so whoever sees the cancellation sees it too.
     pub(crate) fn end(&self, stop_by: Option<Instant>) {
         if let Some(at) = stop_by {
-            let _ = self.inner.stop_by.set(at);
+            self.set_stop_by(at);
         }
         self.inner.cancel.cancel();
-        if let Ok(mut holds) = self.inner.holds.lock() {
-            holds.take();
+        if self.inner.holds.fetch_and(!OPEN, Ordering::AcqRel) == OPEN {
+            // No guard was held: the waiter may go on.
+            self.inner.guards_gone.wake();
         }
+    }
+
+    /// Sets [`stop_by`](Term::stop_by) to `at`, unless it was set already.
+    fn set_stop_by(&self, at: Instant) {
+        let started = self.inner.started;
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        let offset = if at >= started {
+            nanos(at - started)
+        } else {
+            -nanos(started - at)
+        };
+        let _ = self.inner.stop_by.compare_exchange(
+            UNSET,
+            offset.max(UNSET + 1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
     }
 
     /// The work must stop now: sets [`stop_by`](Term::stop_by) (unless it was set already)
     /// and completes [`must_stop`](Term::must_stop).
     pub(crate) fn halt(&self, at: Instant) {
-        let _ = self.inner.stop_by.set(at);
+        self.set_stop_by(at);
         self.inner.halt.get_or_init(CancellationToken::new).cancel();
     }
 
@@ -259,7 +323,14 @@ impl Term {
     /// After an involuntary loss it is set before the token is cancelled: code woken by
     /// [`cancelled`](Term::cancelled) always sees it.
     pub fn stop_by(&self) -> Option<Instant> {
-        self.inner.stop_by.get().copied()
+        let offset = self.inner.stop_by.load(Ordering::Acquire);
+        let started = self.inner.started;
+        (offset != UNSET).then(|| match u64::try_from(offset) {
+            Ok(after) => started + Duration::from_nanos(after),
+            Err(_) => started
+                .checked_sub(Duration::from_nanos(offset.unsigned_abs()))
+                .unwrap_or(started),
+        })
     }
 
     /// Completes when the term's work must have stopped, some time after the term was
@@ -295,12 +366,14 @@ impl Term {
     /// Delays the release of the lock, after the term ends, until the guard is dropped (at
     /// most the election's grace). A guard taken after the term ended delays nothing.
     pub fn hold(&self) -> TermGuard {
-        let hold = self
-            .inner
-            .holds
-            .lock()
-            .ok()
-            .and_then(|holds| holds.as_ref().cloned());
-        TermGuard { _hold: hold }
+        let holds = &self.inner.holds;
+        let taken = holds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & OPEN != 0).then_some(n + 1)
+            })
+            .is_ok();
+        TermGuard {
+            term: taken.then(|| self.inner.clone()),
+        }
     }
 }
