@@ -1211,6 +1211,7 @@ impl<B: Backend> Engine<B> {
                 self.set_role(Role::Candidate);
             }
             let from = self.take_over_from.take();
+            let sent = Instant::now();
             let attempting = async {
                 match &from {
                     Some(holder) => contender.take_over(holder).await,
@@ -1241,7 +1242,7 @@ impl<B: Backend> Engine<B> {
                 Ok(Attempt::Won { fencing_token }) => {
                     ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, self.labels("won"))
                         .increment(1);
-                    let verdict = self.check_win(&health.borrow(), fencing_token);
+                    let verdict = self.check_win(&health.borrow(), fencing_token, sent);
                     match verdict {
                         Ok(()) => return Pursuit::Won(contender, fencing_token),
                         Err(why) => {
@@ -1417,13 +1418,24 @@ impl<B: Backend> Engine<B> {
         );
     }
 
-    /// Whether a win can be trusted: the session is alive and fresh, and the token grew.
-    fn check_win(&self, health: &SessionHealth, token: FencingToken) -> Result<(), &'static str> {
+    /// Whether a win can be trusted: the session is alive and fresh, its answer came within the
+    /// renew deadline of the request (`sent`), and the token grew.
+    fn check_win(
+        &self,
+        health: &SessionHealth,
+        token: FencingToken,
+        sent: Instant,
+    ) -> Result<(), &'static str> {
         if health.lost.is_some() {
             return Err("the session is lost");
         }
         if Instant::now() >= health.confirmed_sent_at + self.config.renew_deadline {
             return Err("no renewal confirmed within the renew deadline");
+        }
+        if Instant::now() >= sent + self.config.renew_deadline {
+            // The answer waited (a frozen process, a stalled runtime) longer than the lock
+            // can be trusted from its acquisition: it may be another's by now.
+            return Err("the acquisition's answer came later than the renew deadline");
         }
         if self.last_token.is_some_and(|last| token <= last) {
             return Err("the fencing token did not grow");

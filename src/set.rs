@@ -918,6 +918,10 @@ impl<B: Backend> Driver<B> {
                 Some("the session is lost")
             } else if Instant::now() >= health.confirmed_sent_at + self.config.renew_deadline {
                 Some("no renewal confirmed within the renew deadline")
+            } else if Instant::now() >= free_since + self.config.renew_deadline {
+                // The answer waited (a frozen process, a stalled task) longer than the lock
+                // can be trusted from its acquisition: it may be another's by now.
+                Some("the acquisition's answer came later than the renew deadline")
             } else if slot.has_token && fencing_token <= slot.last_token {
                 Some("the fencing token did not grow")
             } else {

@@ -31,6 +31,14 @@
 //! be balanced after at most ⌈S/N⌉ moves, and every shard's ledger must show no two trusted
 //! terms at once and tokens that only grow. Default: etcd and ZooKeeper.
 //!
+//! `chaos set [--backend etcd,…] [--elections 32] [--rounds R] [--keep DIR]` is the set mode
+//! (`incumbent_tools::chaos::set`): member processes that each run one `ElectionSet` over
+//! the same elections (this program again, as `chaos set-member …`), each term's worker
+//! aborted at its `must_stop`; 3 members, then kill -9, then SIGSTOP past the ttl, then
+//! resumed; every election must be held by a live member after each step, and every
+//! election's ledger must show no two trusted terms at once and tokens that only grow.
+//! Default: etcd and ZooKeeper.
+//!
 //! Each candidate's command is this program again, as `chaos worker LEDGER_DIR FENCE_DIR`; in
 //! library mode each candidate is this program, as `chaos candidate URL ID TTL_MS LEDGER_DIR
 //! FENCE_DIR`.
@@ -40,7 +48,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use incumbent_tools::chaos::run::{self, Backend, Config, Fault};
-use incumbent_tools::chaos::{candidate, check, sharded, worker};
+use incumbent_tools::chaos::{candidate, check, set, sharded, worker};
 
 const USAGE: &str = "usage: chaos \
 [--backend memory,file,etcd,etcd-cluster,consul,zookeeper,redis,redis-volatile,memcached,\
@@ -49,7 +57,8 @@ zookeeper-ensemble,redis-failover,postgres,postgres-pooled] \
 [--faults N] [--seed S] [--candidates N] [--max-time SECS] [--kinds NAME,...] [--keep DIR] \
 [--plant fence-off|escape] \
 | chaos check DIR \
-| chaos sharded [--backend etcd,zookeeper,postgres,consul,redis,memcached,file] [--shards N] [--rounds R] [--keep DIR]";
+| chaos sharded [--backend etcd,zookeeper,postgres,consul,redis,memcached,file] [--shards N] [--rounds R] [--keep DIR] \
+| chaos set [--backend etcd,zookeeper,postgres,consul,redis,memcached,file] [--elections N] [--rounds R] [--keep DIR]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -68,7 +77,12 @@ fn main() -> ExitCode {
             let code = sharded::member(&args[1..]);
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
-        Some("sharded") => sharded_mode(&args[1..]),
+        Some("sharded") => scenario_mode(Scenario::Sharded, &args[1..]),
+        Some("set-member") => {
+            let code = set::member(&args[1..]);
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+        Some("set") => scenario_mode(Scenario::Set, &args[1..]),
         Some("--help" | "-h") => {
             println!("{USAGE}");
             ExitCode::SUCCESS
@@ -258,10 +272,30 @@ fn recheck(dir: &Path) -> ExitCode {
     }
 }
 
-/// `chaos sharded`: the sharded scenario ([`sharded::scenario`]) on each store named.
-fn sharded_mode(args: &[String]) -> ExitCode {
+/// The scenarios of member processes: [`sharded::scenario`] and [`set::scenario`].
+#[derive(Clone, Copy)]
+enum Scenario {
+    Sharded,
+    Set,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Sharded => "sharded",
+            Scenario::Set => "set",
+        }
+    }
+}
+
+/// `chaos sharded` and `chaos set`: the scenario on each store named.
+fn scenario_mode(scenario: Scenario, args: &[String]) -> ExitCode {
+    let mode = scenario.name();
     let mut stores = vec!["etcd".to_owned(), "zookeeper".to_owned()];
-    let mut shards = 64u32;
+    let mut shards = match scenario {
+        Scenario::Sharded => 64u32,
+        Scenario::Set => 32,
+    };
     let mut keep: Option<PathBuf> = None;
     let mut rounds = 1u32;
     let mut rest = args.iter();
@@ -269,11 +303,13 @@ fn sharded_mode(args: &[String]) -> ExitCode {
         let value = rest.next();
         match (flag.as_str(), value) {
             ("--backend", Some(v)) => stores = v.split(',').map(str::to_owned).collect(),
-            ("--shards", Some(v)) if v.parse::<u32>().is_ok() => shards = v.parse().unwrap_or(64),
+            ("--shards" | "--elections", Some(v)) if v.parse::<u32>().is_ok() => {
+                shards = v.parse().unwrap_or(shards)
+            }
             ("--keep", Some(v)) => keep = Some(PathBuf::from(v)),
             ("--rounds", Some(v)) if v.parse::<u32>().is_ok() => rounds = v.parse().unwrap_or(1),
             _ => {
-                eprintln!("chaos sharded: unknown or incomplete option {flag}\n{USAGE}");
+                eprintln!("chaos {mode}: unknown or incomplete option {flag}\n{USAGE}");
                 return ExitCode::from(2);
             }
         }
@@ -289,7 +325,7 @@ fn sharded_mode(args: &[String]) -> ExitCode {
         .build()
         .expect("start the async runtime");
     let Ok(this) = std::env::current_exe() else {
-        eprintln!("chaos sharded: where am I?");
+        eprintln!("chaos {mode}: where am I?");
         return ExitCode::from(2);
     };
     let mut failed = false;
@@ -300,13 +336,17 @@ fn sharded_mode(args: &[String]) -> ExitCode {
         let dir = match &keep {
             Some(keep) => keep.join(format!("{store}-{round}")),
             None => std::env::temp_dir().join(format!(
-                "chaos-sharded-{}-{store}-{round}",
+                "chaos-{mode}-{}-{store}-{round}",
                 std::process::id()
             )),
         };
         let outcome = runtime.block_on(async {
             let started = sharded::start_store(store).await?;
-            sharded::scenario(&this, &started.url, shards, sharded::ttl_for(store), &dir).await
+            let (url, ttl) = (&started.url, sharded::ttl_for(store));
+            match scenario {
+                Scenario::Sharded => sharded::scenario(&this, url, shards, ttl, &dir).await,
+                Scenario::Set => set::scenario(&this, url, shards, ttl, &dir).await,
+            }
         });
         match outcome {
             Ok(report) => {

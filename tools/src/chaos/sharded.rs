@@ -7,9 +7,15 @@
 //!
 //! ```text
 //! start <mono ns>
+//! term <mono ns>              (when the term began: its Term::started, before the worker)
 //! beat <mono ns> ok|stale     (every 50 ms: one write through the shard's fence)
 //! stop <mono ns>              (when the term's task ends, returned or aborted)
 //! ```
+//!
+//! Terms are ordered by when they began (`term`), not by when their worker started: a
+//! process frozen between its win and its worker's start starts the worker after the thaw,
+//! on a term that began before the freeze (the set mode freezes members right after their
+//! wins). Its writes are then a frozen leader's, which the fence must refuse.
 //!
 //! The shard's fence (`<fence>/<shard>/`, [`Fence`]) refuses a token below the highest it
 //! accepted. The check, per shard: tokens strictly grow with the terms' starts; a term ends
@@ -22,7 +28,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,6 +36,7 @@ use incumbent::sharded::{ShardMap, read_map};
 use incumbent::url::{BackendUrl, WithBackend};
 use incumbent::{AnyBackend, ShardedElection, Term};
 
+use super::processes::Processes;
 use super::worker::{Fence, mono_ns};
 
 /// How often a shard's worker writes through its fence.
@@ -38,28 +44,76 @@ pub const BEAT: Duration = Duration::from_millis(50);
 
 /// Runs one member until SIGTERM; returns the exit code.
 pub fn member(args: &[String]) -> i32 {
-    let [url, id, shards, ttl_ms, slots, ledger, fence] = args else {
-        eprintln!("chaos shard-member: URL ID SHARDS TTL_MS SLOTS LEDGER FENCE");
-        return 2;
-    };
-    let (Ok(url), Ok(shards), Ok(ttl), Ok(slots)) = (
-        url.parse::<BackendUrl>(),
-        shards.parse::<u32>(),
-        ttl_ms.parse::<u64>(),
-        slots.parse::<u32>(),
-    ) else {
-        eprintln!("chaos shard-member: bad arguments {args:?}");
+    let usage = "URL ID SHARDS TTL_MS SLOTS LEDGER FENCE";
+    let Some((url, args)) = MemberArgs::parse("chaos shard-member", usage, args, true) else {
         return 2;
     };
     let member = Member {
-        id: id.clone(),
-        shards,
-        ttl: Duration::from_millis(ttl),
-        slots,
-        ledger: PathBuf::from(ledger),
-        fence: PathBuf::from(fence),
+        id: args.id,
+        shards: args.count,
+        ttl: args.ttl,
+        slots: args.slots,
+        ledger: args.ledger,
+        fence: args.fence,
     };
     super::candidate::run_library("chaos shard-member", &url, member)
+}
+
+/// What a member process of the sharded or the set mode is started with:
+/// `URL ID COUNT TTL_MS [SLOTS] LEDGER FENCE`.
+pub struct MemberArgs {
+    /// The member's candidate id.
+    pub id: String,
+    /// Shards, or elections.
+    pub count: u32,
+    /// The ttl.
+    pub ttl: Duration,
+    /// Member slots (the sharded mode's; 0 without).
+    pub slots: u32,
+    /// Where the terms' ledgers go.
+    pub ledger: PathBuf,
+    /// Where the fences are.
+    pub fence: PathBuf,
+}
+
+impl MemberArgs {
+    /// Parses `args` (with `SLOTS` if `with_slots`); `None`, with `usage` printed, if they
+    /// do not parse.
+    pub fn parse(
+        what: &str,
+        usage: &str,
+        args: &[String],
+        with_slots: bool,
+    ) -> Option<(BackendUrl, MemberArgs)> {
+        let parsed = match (args, with_slots) {
+            ([url, id, count, ttl, slots, ledger, fence], true) => {
+                Some((url, id, count, ttl, Some(slots), ledger, fence))
+            }
+            ([url, id, count, ttl, ledger, fence], false) => {
+                Some((url, id, count, ttl, None, ledger, fence))
+            }
+            _ => None,
+        };
+        let parsed = parsed.and_then(|(url, id, count, ttl, slots, ledger, fence)| {
+            let slots = match slots {
+                Some(s) => s.parse::<u32>().ok()?,
+                None => 0,
+            };
+            let args = MemberArgs {
+                id: id.clone(),
+                count: count.parse().ok()?,
+                ttl: Duration::from_millis(ttl.parse().ok()?),
+                slots,
+                ledger: PathBuf::from(ledger),
+                fence: PathBuf::from(fence),
+            };
+            Some((url.parse::<BackendUrl>().ok()?, args))
+        });
+        if parsed.is_none() {
+            eprintln!("{what}: {usage} (got {args:?})");
+        }
+        parsed
+    }
 }
 
 struct Member {
@@ -109,8 +163,9 @@ impl Drop for Stop {
     }
 }
 
-/// One shard's term: beats through the shard's fence until the term is cancelled.
-async fn work(shard: u32, term: Term, ledger: &Path, fence: &Path) {
+/// One shard's term: beats through the shard's fence until the term is cancelled. The set
+/// mode's workers run it too, an election's index for the shard.
+pub async fn work(shard: u32, term: Term, ledger: &Path, fence: &Path) {
     let token = term.fencing_token();
     let pid = std::process::id();
     let dir = fence.join(shard.to_string());
@@ -126,8 +181,10 @@ async fn work(shard: u32, term: Term, ledger: &Path, fence: &Path) {
     let Ok(fence) = Fence::open(&dir) else {
         return;
     };
+    let now = mono_ns();
+    let began = now.saturating_sub(u64::try_from(term.started().elapsed().as_nanos()).unwrap_or(0));
     if log
-        .write_all(format!("start {}\n", mono_ns()).as_bytes())
+        .write_all(format!("start {now}\nterm {began}\n").as_bytes())
         .is_err()
     {
         return;
@@ -161,7 +218,7 @@ pub struct ShardTerm {
     pub shard: u32,
     /// The term's fencing token.
     pub token: u64,
-    /// When the worker started.
+    /// When the term began (`term`; for a ledger without it, when the worker started).
     pub start: u64,
     /// When its task ended (`None`: the process was killed first).
     pub stop: Option<u64>,
@@ -207,7 +264,9 @@ pub fn read_ledger(ledger: &Path) -> Vec<ShardTerm> {
         for line in text.lines() {
             let words: Vec<&str> = line.split(' ').collect();
             match words[..] {
-                ["start", at] => term.start = at.parse().unwrap_or(0),
+                ["start", at] if term.start == 0 => term.start = at.parse().unwrap_or(0),
+                // When the term began, if the worker said: the terms' order.
+                ["term", at] => term.start = at.parse().unwrap_or(term.start),
                 ["stop", at] => term.stop = at.parse().ok(),
                 ["beat", at, verdict] => {
                     if let Ok(at) = at.parse() {
@@ -284,83 +343,43 @@ pub struct Report {
     pub violations: Vec<String>,
 }
 
-/// The member processes of a scenario; each is sent SIGKILL on drop if still running.
+/// The member processes of a scenario, with what each is started with.
 struct Members {
-    this: PathBuf,
+    processes: Processes,
     url: String,
     shards: u32,
     ttl: Duration,
     slots: u32,
     dir: PathBuf,
-    children: BTreeMap<String, Child>,
 }
 
 impl Members {
     fn spawn(&mut self, id: &str) -> Result<u32, String> {
-        let log = std::fs::File::create(self.dir.join(format!("{id}.stderr")))
-            .map_err(|e| format!("create {id}'s log: {e}"))?;
-        let child = Command::new(&self.this)
-            .arg("shard-member")
-            .args([
-                &self.url,
-                id,
-                &self.shards.to_string(),
-                &self.ttl.as_millis().to_string(),
-                &self.slots.to_string(),
-            ])
-            .arg(self.dir.join("ledger"))
-            .arg(self.dir.join("fence"))
-            .env("PGUSER", crate::support::postgres::USER)
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("start member {id}: {e}"))?;
-        let pid = child.id();
-        self.children.insert(id.to_owned(), child);
-        Ok(pid)
-    }
-
-    fn pid(&self, id: &str) -> i32 {
-        self.children.get(id).map_or(0, |c| c.id() as i32)
-    }
-
-    fn signal(&self, id: &str, signal: libc::c_int) {
-        let pid = self.pid(id);
-        if pid > 0 {
-            // SAFETY: kill(2) on a child of ours, by its pid.
-            unsafe { libc::kill(pid, signal) };
-        }
-    }
-
-    /// SIGTERM to every member, and waits for each (SIGKILL after 10 s).
-    fn stop_all(&mut self) {
-        for id in self.children.keys() {
-            self.signal(id, libc::SIGCONT);
-            self.signal(id, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for child in self.children.values_mut() {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.children.clear();
+        let args: [std::ffi::OsString; 8] = [
+            "shard-member".into(),
+            self.url.clone().into(),
+            id.into(),
+            self.shards.to_string().into(),
+            self.ttl.as_millis().to_string().into(),
+            self.slots.to_string().into(),
+            self.dir.join("ledger").into(),
+            self.dir.join("fence").into(),
+        ];
+        self.processes.spawn(id, args)
     }
 }
 
-impl Drop for Members {
-    fn drop(&mut self) {
-        for child in self.children.values_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+impl std::ops::Deref for Members {
+    type Target = Processes;
+
+    fn deref(&self) -> &Processes {
+        &self.processes
+    }
+}
+
+impl std::ops::DerefMut for Members {
+    fn deref_mut(&mut self) -> &mut Processes {
+        &mut self.processes
     }
 }
 
@@ -471,13 +490,12 @@ pub async fn scenario(
         .map_err(|e| format!("connect to {url}: {e}"))?;
     let slots = 8;
     let mut members = Members {
-        this: this.to_path_buf(),
+        processes: Processes::new(this.to_path_buf(), dir.to_path_buf()),
         url: url.to_owned(),
         shards,
         ttl,
         slots,
         dir: dir.to_path_buf(),
-        children: BTreeMap::new(),
     };
     let mut report = Report::default();
     let mut frozen = BTreeSet::new();
@@ -550,13 +568,13 @@ pub async fn scenario(
     let (map, took) = wait_settled(&backend, &live, shards, slots, limit).await?;
     step(&mut report, "m4 joins", 3, map, took);
 
-    killed.insert(members.pid("m1") as u32);
+    killed.insert(members.pid("m1"));
     members.signal("m1", libc::SIGKILL);
     live.remove("m1");
     let (map, took) = wait_settled(&backend, &live, shards, slots, limit).await?;
     step(&mut report, "m1 is killed (kill -9)", 4, map, took);
 
-    frozen.insert(members.pid("m2") as u32);
+    frozen.insert(members.pid("m2"));
     members.signal("m2", libc::SIGSTOP);
     if url.starts_with("file:") {
         // The kernel keeps a frozen process's locks: on the file backend its shards stay
