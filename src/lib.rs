@@ -95,7 +95,7 @@
 //! elections it [`join`](ElectionSet::join)s share the election's settings and one session,
 //! and one task drives them all, holding each as a slot of its state and running only the
 //! step under way (acquire, wait, hold, release). 100,000 etcd elections on one lease take
-//! 1.6 KB of heap and under 2 KB resident each (BENCHMARKS.md, "Scale"). A set hands out the
+//! 1.3 to 1.6 KB of heap and under 2 KB resident each (BENCHMARKS.md, "Scale"). A set hands out the
 //! same [`Term`]s, ends them first on any loss, and reports every member's events in one
 //! stream; it runs no worker, and a member takes no resign, proclaim or hand-over of its own
 //! (see [`ElectionSet`] for what it keeps and what it leaves out).

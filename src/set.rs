@@ -6,9 +6,9 @@
 //! thousands of elections (a shard each, a tenant each) pays that per election. A set holds
 //! each member as a slot of one task's state (its name, its claim in the store, its term
 //! while it leads), and runs a member's steps (acquire, wait, hold, release) as small
-//! futures of that task, only the step under way: on etcd, 1.6 KB of heap per election, and
-//! 1.8 KB resident at 100,000 elections (2.1 KB at 10,000, where the process's own growth
-//! weighs more; BENCHMARKS.md, "Scale").
+//! futures of that task, only the step under way: on etcd, 1.3 to 1.6 KB of heap per
+//! election, and under 2 KB resident at 10,000 and 100,000 elections in one process
+//! (BENCHMARKS.md, "Scale").
 //!
 //! What a set keeps of the campaign's promises, and what it leaves out, is in
 //! [`ElectionSet`]'s docs.
