@@ -525,7 +525,7 @@ pub(crate) fn spawn<B: Backend>(
 }
 
 /// Polls a future, turning a panic in it into an `Err` with the panic's payload.
-struct CatchUnwind<F>(F);
+pub(crate) struct CatchUnwind<F>(pub(crate) F);
 
 impl<F: Future + Unpin> Future for CatchUnwind<F> {
     type Output = std::thread::Result<F::Output>;

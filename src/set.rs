@@ -34,7 +34,7 @@ use crate::backend::{
     Attempt, Backend, Contender, FencingToken, Leader, LockLoss, Session, SessionHealth, lock,
     unix_ms_now,
 };
-use crate::campaign::{last_safe, open_within, stop_by};
+use crate::campaign::{CatchUnwind, last_safe, open_within, panic_message, stop_by};
 use crate::config::{Config, validate_name};
 use crate::error::{Error, Result};
 use crate::event::{DemotionReason, LeadershipEvent};
@@ -101,6 +101,12 @@ pub struct SetEvent {
 /// - **Followers do not poll** where the store pushes: each member waits with the store's
 ///   own notification, as a campaign does.
 /// - After a loss, the member campaigns again after the back-off.
+/// - **A panic ends every term.** A panic in the set's task (a bug, in this crate or in code
+///   it calls, such as a `tracing` subscriber) ends every member's term as it unwinds,
+///   reported as [`DemotionReason::CampaignPanicked`](crate::DemotionReason::CampaignPanicked)
+///   with a `stop_by` of that instant; [`problem`](Self::problem) says why, the events end,
+///   and the set has stopped (a campaign starts over instead: build a new set). The locks
+///   are left to the session's expiry.
 ///
 /// # What it leaves out
 ///
@@ -274,7 +280,17 @@ impl ElectionSet {
             leaves: HashMap::new(),
             stopping: None,
         };
-        tokio::spawn(driver.run());
+        let watched = shared.clone();
+        tokio::spawn(async move {
+            // A panic (a bug, in this crate or in code it calls, such as a `tracing`
+            // subscriber) ends every term as it unwinds (`Driver`'s drop), and is reported.
+            if let Err(panic) = CatchUnwind(Box::pin(driver.run())).await {
+                *lock(&watched.problem) = Some(format!(
+                    "the set's task panicked ({}); every term ended and the set has stopped",
+                    panic_message(&*panic)
+                ));
+            }
+        });
         ElectionSet { shared, commands }
     }
 
@@ -1132,6 +1148,37 @@ impl<B: Backend> Driver<B> {
         for waiter in self.leaves.remove(&index).into_iter().flatten() {
             let _ = waiter.send(());
         }
+    }
+}
+
+impl<B: Backend> Drop for Driver<B> {
+    /// However the task ends, a panic or a dropped runtime included, no term stays in force:
+    /// each ends at once, and is reported (a panic as [`DemotionReason::CampaignPanicked`]).
+    fn drop(&mut self) {
+        let now = Instant::now();
+        let reason = if std::thread::panicking() {
+            DemotionReason::CampaignPanicked
+        } else {
+            DemotionReason::Shutdown
+        };
+        for slot in self.slots.iter().flatten() {
+            if let Some(term) = slot.term.as_ref().filter(|_| slot.in_force) {
+                term.end(Some(now));
+                term.halt(now);
+            }
+        }
+        for index in 0..self.slots.len() {
+            let Some(slot) = self.slots[index].as_mut() else {
+                continue;
+            };
+            if std::mem::take(&mut slot.in_force)
+                && let Some(term) = slot.term.clone()
+            {
+                self.ended(index);
+                self.report(index, &term, reason, Some(now));
+            }
+        }
+        self.shared.events.close();
     }
 }
 

@@ -2,7 +2,6 @@
 //! is reported (a `Demoted` event, the status's problem), and the campaign goes on: it never
 //! dies silently. In a file of its own: it installs the process's global subscriber.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use incumbent::memory::MemoryBackend;
@@ -10,6 +9,9 @@ use incumbent::{DemotionReason, Election, Error, Role};
 
 mod support;
 use support::events::{demoted, elected};
+#[path = "support/panicking.rs"]
+mod panicking;
+use panicking::PanicOn;
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -21,37 +23,12 @@ fn election(backend: &MemoryBackend, id: &str) -> Election<MemoryBackend> {
         .expect("valid settings")
 }
 
-/// A `tracing` layer that panics on the first event whose message is `message`: a
-/// misbehaving subscriber, or any bug, unwinding the campaign's task.
-struct PanicOn(&'static str, std::sync::atomic::AtomicBool);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOn {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Message(String);
-        impl tracing::field::Visit for Message {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                }
-            }
-        }
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        if message.0 == self.0 && !self.1.swap(true, Ordering::SeqCst) {
-            panic!("a subscriber panics on {:?}", self.0);
-        }
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_panic_in_the_campaign_task_ends_the_term_is_reported_and_the_campaign_goes_on() {
     use tracing_subscriber::layer::SubscriberExt;
     // The process's only subscriber (this file holds one test): the campaign's task logs
     // through it. A thread-local default would race with tracing's callsite interest cache.
-    let subscriber = tracing_subscriber::registry().with(PanicOn(
-        "leader changed",
-        std::sync::atomic::AtomicBool::new(false),
-    ));
+    let subscriber = tracing_subscriber::registry().with(PanicOn::new("leader changed"));
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
     let store = MemoryBackend::new();
     let mut a = election(&store.client(), "a").campaign();

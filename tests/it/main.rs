@@ -7,7 +7,7 @@
 //!
 //! A module that needs store features is compiled only with them (`cargo test` without
 //! features runs the rest). Tests that change process-wide state stay in binaries of their
-//! own: `tests/metrics.rs` (the metrics recorder), `tests/campaign_panic.rs` and
+//! own: `tests/metrics.rs` (the metrics recorder), `tests/campaign_panic.rs`, `tests/set_panic.rs` and
 //! `tests/secrets.rs` (the global `tracing` subscriber).
 //!
 //! Every test here may run next to any other: servers listen on free loopback ports and keep
