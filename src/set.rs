@@ -927,10 +927,14 @@ impl<B: Backend> Driver<B> {
     /// cannot be trusted.
     fn won(&mut self, index: usize, fencing_token: FencingToken, free_since: Instant) {
         let Some(open) = &self.session else { return };
+        let Some(slot) = self.slots.get(index).and_then(Option::as_ref) else {
+            return;
+        };
         let untrusted = {
             let health = open.health.borrow();
-            let slot = self.slots[index].as_ref().expect("the slot is live");
-            if health.lost.is_some() {
+            if slot.claim.is_none() {
+                Some("the win came without its claim")
+            } else if health.lost.is_some() {
                 Some("the session is lost")
             } else if Instant::now() >= health.confirmed_sent_at + self.config.renew_deadline {
                 Some("no renewal confirmed within the renew deadline")
@@ -949,9 +953,10 @@ impl<B: Backend> Driver<B> {
                 backend: self.backend.info().name,
                 reason: format!("a win was not trusted: {why}"),
             };
-            let slot = self.slots[index].as_mut().expect("the slot is live");
             let failures = slot.failures;
-            slot.failures = failures.saturating_add(1);
+            if let Some(slot) = self.slots[index].as_mut() {
+                slot.failures = failures.saturating_add(1);
+            }
             let delay = self.failed(&error, failures);
             self.pursue(index, Some(Instant::now() + delay), false);
             return;
@@ -966,7 +971,12 @@ impl<B: Backend> Driver<B> {
             lock_free,
             exact: false,
         };
-        let slot = self.slots[index].as_mut().expect("the slot is live");
+        let Some(slot) = self.slots[index].as_mut() else {
+            return;
+        };
+        let Some(claim) = slot.claim.take() else {
+            return;
+        };
         let leader = Leader {
             candidate: self.config.candidate.clone(),
             fencing_token: Some(fencing_token),
@@ -992,7 +1002,6 @@ impl<B: Backend> Driver<B> {
         self.shared.leading.fetch_add(1, Ordering::Relaxed);
         let election = slot.member.name.clone();
         let member = slot.member.clone();
-        let claim = slot.claim.take().expect("a win comes with its claim");
         slot.busy = true;
         self.shared.events.send(&SetEvent {
             election,
