@@ -222,6 +222,19 @@ impl PartialEq for ByName {
 
 impl Eq for ByName {}
 
+impl SetShared {
+    /// Takes `member` out of the members, unless a later join of its name took its place.
+    fn forget(&self, member: &Arc<Member>) {
+        let mut members = lock(&self.members);
+        if members
+            .get(&*member.name)
+            .is_some_and(|m| Arc::ptr_eq(&m.0, member))
+        {
+            members.remove(&*member.name);
+        }
+    }
+}
+
 /// One member, as the handle and the task share it.
 struct Member {
     name: Arc<str>,
@@ -524,6 +537,16 @@ struct OpenSession<B: Backend> {
     fence: Fence,
 }
 
+impl<B: Backend> OpenSession<B> {
+    /// Closes the session (its steps, which held it too, are gone), within `ttl`.
+    async fn close(self, ttl: Duration) {
+        drop(self.fence);
+        if let Ok(session) = Arc::try_unwrap(self.session) {
+            let _ = timeout(ttl, session.close()).await;
+        }
+    }
+}
+
 impl<B: Backend> Driver<B> {
     async fn run(mut self) {
         loop {
@@ -557,10 +580,7 @@ impl<B: Backend> Driver<B> {
             }
         }
         if let Some(open) = self.session.take() {
-            drop(open.fence);
-            if let Ok(session) = Arc::try_unwrap(open.session) {
-                let _ = timeout(self.config.ttl, session.close()).await;
-            }
+            open.close(self.config.ttl).await;
         }
         self.shared.events.close();
         for waiter in self.stopping.take().into_iter().flatten() {
@@ -685,15 +705,7 @@ impl<B: Backend> Driver<B> {
                 self.finish(index);
             }
         }
-        let backend = self.backend.clone();
-        let ttl = self.config.ttl;
-        drop(open.fence);
-        tokio::spawn(async move {
-            if let Ok(session) = Arc::try_unwrap(open.session) {
-                let _ = timeout(ttl, session.close()).await;
-            }
-            drop(backend);
-        });
+        tokio::spawn(open.close(self.config.ttl));
         tracing::warn!(set = %self.shared.name, %reason, "election set's session ended; starting over");
         self.reopen_at = Some(Instant::now() + self.config.backoff.delay(0));
     }
@@ -702,14 +714,7 @@ impl<B: Backend> Driver<B> {
         match command {
             Command::Join(member) => {
                 if self.stopping.is_some() {
-                    let mut members = lock(&self.shared.members);
-                    if members
-                        .get(&*member.name)
-                        .is_some_and(|m| Arc::ptr_eq(&m.0, &member))
-                    {
-                        members.remove(&*member.name);
-                    }
-                    return;
+                    return self.shared.forget(&member);
                 }
                 let index = self.free.pop().unwrap_or_else(|| {
                     self.slots.push(None);
@@ -887,12 +892,12 @@ impl<B: Backend> Driver<B> {
                 slot.claim = Some(claim);
                 slot.explaining = false;
                 slot.term = None;
-                let now = Instant::now();
+                // `stop_by` was set when the term ended, at the loss.
                 self.report(
                     index,
                     &term,
                     DemotionReason::from_lock(loss),
-                    term.stop_by().or(Some(now)),
+                    term.stop_by(),
                 );
                 self.release(index);
             }
@@ -1145,15 +1150,7 @@ impl<B: Backend> Driver<B> {
         };
         self.free.push(index);
         self.live -= 1;
-        {
-            let mut members = lock(&self.shared.members);
-            if members
-                .get(&*slot.member.name)
-                .is_some_and(|m| Arc::ptr_eq(&m.0, &slot.member))
-            {
-                members.remove(&*slot.member.name);
-            }
-        }
+        self.shared.forget(&slot.member);
         for waiter in self.leaves.remove(&index).into_iter().flatten() {
             let _ = waiter.send(());
         }

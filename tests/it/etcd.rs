@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::events::{demoted, elected};
+use crate::support::events::{demoted, elected, member};
 use crate::support::{EtcdCluster, EtcdServer, Proxy};
 use etcd_client::{Client, GetOptions, KeyValue};
 use incumbent::backend::{
@@ -13,8 +13,7 @@ use incumbent::backend::{
 };
 use incumbent::etcd::EtcdBackend;
 use incumbent::{
-    Campaign, DemotionReason, Election, ElectionSet, Error, Leader, LeadershipEvent, Role,
-    SetEvent, SetEvents, Term,
+    Campaign, DemotionReason, Election, ElectionSet, Error, Leader, LeadershipEvent, Role, SetEvent,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -1954,38 +1953,6 @@ fn set_of(backend: &EtcdBackend, candidate: &str) -> ElectionSet {
     election(backend, "sets", candidate, TTL).set()
 }
 
-/// The next `Elected` of `name` among a set's events.
-async fn set_elected(events: &mut SetEvents, name: &str) -> Term {
-    timeout(PATIENCE, async {
-        loop {
-            let SetEvent { election, event } = events.recv().await.expect("the set runs");
-            if &*election == name
-                && let LeadershipEvent::Elected(term) = event
-            {
-                return term;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{name} not elected within {PATIENCE:?}"))
-}
-
-/// The reason of the next `Demoted` of `name` among a set's events.
-async fn set_demoted(events: &mut SetEvents, name: &str) -> DemotionReason {
-    timeout(PATIENCE, async {
-        loop {
-            let SetEvent { election, event } = events.recv().await.expect("the set runs");
-            if &*election == name
-                && let LeadershipEvent::Demoted { reason, .. } = event
-            {
-                return reason;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{name} not demoted within {PATIENCE:?}"))
-}
-
 async fn count_keys(client: &mut Client, prefix: &str) -> i64 {
     let options = GetOptions::new().with_prefix().with_count_only();
     client
@@ -2047,7 +2014,7 @@ async fn a_follower_set_takes_over_what_the_leader_set_leaves_loses_or_shuts_dow
     let mut a_terms = Vec::new();
     for name in names {
         a.join(name).expect("valid");
-        a_terms.push(set_elected(&mut a_events, name).await);
+        a_terms.push(elected(&mut member(&mut a_events, name), PATIENCE).await);
     }
     for name in names {
         b.join(name).expect("valid");
@@ -2068,7 +2035,7 @@ async fn a_follower_set_takes_over_what_the_leader_set_leaves_loses_or_shuts_dow
     let leaving = a.leave(names[0]);
     assert!(a_terms[0].is_cancelled());
     leaving.await.expect("left");
-    let b0 = set_elected(&mut b_events, names[0]).await;
+    let b0 = elected(&mut member(&mut b_events, names[0]), PATIENCE).await;
     assert!(b0.fencing_token() > a_terms[0].fencing_token());
 
     // An operator deletes a's key: only that member's term ends, and b takes over.
@@ -2077,7 +2044,7 @@ async fn a_follower_set_takes_over_what_the_leader_set_leaves_loses_or_shuts_dow
         .to_vec();
     client.delete(key, None).await.expect("delete");
     assert_eq!(
-        set_demoted(&mut a_events, names[1]).await,
+        demoted(&mut member(&mut a_events, names[1]), PATIENCE).await,
         DemotionReason::KeyDeleted
     );
     assert!(a_terms[1].is_cancelled());
@@ -2085,14 +2052,14 @@ async fn a_follower_set_takes_over_what_the_leader_set_leaves_loses_or_shuts_dow
         !a_terms[2].is_cancelled(),
         "the other member's term goes on"
     );
-    let b1 = set_elected(&mut b_events, names[1]).await;
+    let b1 = elected(&mut member(&mut b_events, names[1]), PATIENCE).await;
     assert!(b1.fencing_token() > a_terms[1].fencing_token());
     assert!(!a.is_leader(names[1]));
 
     // A shutdown hands the rest over.
     a.shutdown().await.expect("shuts down");
     assert!(a_terms[2].is_cancelled());
-    let b2 = set_elected(&mut b_events, names[2]).await;
+    let b2 = elected(&mut member(&mut b_events, names[2]), PATIENCE).await;
     assert!(b2.fencing_token() > a_terms[2].fencing_token());
     assert_eq!(b.leading(), 3);
     b.shutdown().await.expect("shuts down");
@@ -2108,7 +2075,7 @@ async fn a_revoked_lease_ends_every_members_term_and_the_set_leads_again_on_a_ne
     let mut terms = Vec::new();
     for name in names {
         set.join(name).expect("valid");
-        terms.push(set_elected(&mut events, name).await);
+        terms.push(elected(&mut member(&mut events, name), PATIENCE).await);
     }
     let lease = backend.lease_ids()[0];
     client.lease_revoke(lease).await.expect("revoke");

@@ -10,6 +10,8 @@ use incumbent::{
 };
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::support::events::{self, EventSource, demotion, member};
+
 const TTL: Duration = Duration::from_secs(3);
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -35,35 +37,18 @@ async fn leading(store: &MemoryBackend, id: &str, name: &str) -> (ElectionSet, S
 
 /// The next event of `election`, skipping the others'.
 async fn next_of(events: &mut SetEvents, election: &str) -> LeadershipEvent {
-    timeout(LIMIT, async {
-        loop {
-            let SetEvent { election: e, event } = events.recv().await.expect("the set runs");
-            if &*e == election {
-                return event;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no event of {election} within {LIMIT:?}"))
+    timeout(LIMIT, member(events, election).next_event())
+        .await
+        .unwrap_or_else(|_| panic!("no event of {election} within {LIMIT:?}"))
+        .expect("the set runs")
 }
 
 async fn elected(events: &mut SetEvents, election: &str) -> Term {
-    loop {
-        if let LeadershipEvent::Elected(term) = next_of(events, election).await {
-            return term;
-        }
-    }
+    events::elected(&mut member(events, election), LIMIT).await
 }
 
 async fn demoted(events: &mut SetEvents, election: &str) -> (DemotionReason, Option<Instant>) {
-    loop {
-        if let LeadershipEvent::Demoted {
-            reason, stop_by, ..
-        } = next_of(events, election).await
-        {
-            return (reason, stop_by);
-        }
-    }
+    demotion(&mut member(events, election), LIMIT).await
 }
 
 /// Reads events until each of `names` was demoted (`.0`: with why, and by when its work must

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use incumbent::{Campaign, DemotionReason, Events, LeadershipEvent, Term};
+use incumbent::{Campaign, DemotionReason, Events, LeadershipEvent, SetEvents, Term};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::timeout;
 
@@ -36,6 +36,32 @@ impl EventSource for Events {
 impl EventSource for UnboundedReceiver<LeadershipEvent> {
     async fn next_event(&mut self) -> Option<LeadershipEvent> {
         self.recv().await
+    }
+}
+
+/// One election's events among an `ElectionSet`'s ([`member`]): the others' are skipped.
+pub struct Member<'a> {
+    events: &'a mut SetEvents,
+    election: &'a str,
+}
+
+/// The events of the set's member `election`, as an [`EventSource`].
+pub fn member<'a>(events: &'a mut SetEvents, election: &'a str) -> Member<'a> {
+    Member { events, election }
+}
+
+impl EventSource for Member<'_> {
+    async fn next_event(&mut self) -> Option<LeadershipEvent> {
+        loop {
+            let event = self.events.recv().await?;
+            if &*event.election == self.election {
+                return Some(event.event);
+            }
+        }
+    }
+
+    fn context(&self) -> String {
+        format!("; election {}", self.election)
     }
 }
 
@@ -76,6 +102,20 @@ pub async fn elected<S: EventSource>(source: &mut S, limit: Duration) -> Term {
 pub async fn demoted<S: EventSource>(source: &mut S, limit: Duration) -> DemotionReason {
     first(source, limit, "demoted", |e| match e {
         LeadershipEvent::Demoted { reason, .. } => Some(reason),
+        _ => None,
+    })
+    .await
+}
+
+/// The next `Demoted`: why, and by when the term's work must stop.
+pub async fn demotion<S: EventSource>(
+    source: &mut S,
+    limit: Duration,
+) -> (DemotionReason, Option<tokio::time::Instant>) {
+    first(source, limit, "demoted", |e| match e {
+        LeadershipEvent::Demoted {
+            reason, stop_by, ..
+        } => Some((reason, stop_by)),
         _ => None,
     })
     .await
