@@ -297,13 +297,6 @@ impl CampaignHandle {
         }
     }
 
-    /// Hands each of the campaign's events to `sink` from now on, at once, in the campaign's
-    /// task: what a subscriber would read, without a queue or a task to read it. `sink` must
-    /// not block (it hands the event on, to a channel say).
-    pub(crate) fn pass_events_to(&self, sink: Box<dyn Fn(&LeadershipEvent) + Send + Sync>) {
-        self.shared.subscribers.add_sink(sink);
-    }
-
     /// Steps down if leading: cancels the term, waits for its guards (at most the grace),
     /// releases the lock, then campaigns again after the back-off, which gives the other
     /// candidates the lock first (on the stores that do not queue their candidates, the
@@ -2258,8 +2251,7 @@ impl<B: Backend> Engine<B> {
             .send(&LeadershipEvent::LeaderChanged(leader.map(Arc::new)));
     }
 
-    /// `election`, and `candidate` where the election asked for it (candidate ids often
-    /// hold a pid: a series per restart).
+    /// `election`, and `candidate` where the election asked for it.
     fn labels_base(&self) -> Vec<::metrics::Label> {
         self.labels_and(None)
     }
@@ -2268,23 +2260,8 @@ impl<B: Backend> Engine<B> {
         self.labels_and(Some((key, value)))
     }
 
-    /// The base labels and `extra`, in one allocation of the right size: the labels are
-    /// built at every transition (and dropped at once without a recorder), 100,000 times
-    /// over when that many elections start or stop together.
     fn labels_and(&self, extra: Option<(&'static str, &'static str)>) -> Vec<::metrics::Label> {
-        let size = 1 + usize::from(self.config.candidate_label) + usize::from(extra.is_some());
-        let mut labels = Vec::with_capacity(size);
-        labels.push(::metrics::Label::new("election", self.config.name.clone()));
-        if self.config.candidate_label {
-            labels.push(::metrics::Label::new(
-                "candidate",
-                self.config.candidate.id.clone(),
-            ));
-        }
-        if let Some((key, value)) = extra {
-            labels.push(::metrics::Label::new(key, value));
-        }
-        labels
+        metrics::election_labels(&self.config, &self.config.name, extra)
     }
 
     fn labels(&self, result: &'static str) -> Vec<::metrics::Label> {

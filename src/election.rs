@@ -276,18 +276,6 @@ impl<B: Backend> Election<B> {
         }
     }
 
-    /// This election's settings and callbacks under another name: a shard of a group.
-    pub(crate) fn renamed(&self, name: String) -> Election<B> {
-        let mut config = (*self.config).clone();
-        config.name = name;
-        Election {
-            backend: self.backend.clone(),
-            config: Arc::new(config),
-            callbacks: self.callbacks.clone(),
-            on_worker_exit: self.on_worker_exit,
-        }
-    }
-
     /// What the worker's runner does when the worker returns.
     pub(crate) fn on_worker_exit(&self) -> OnWorkerExit {
         self.on_worker_exit
@@ -350,27 +338,7 @@ impl<B: Backend> Election<B> {
     /// Starts campaigning, and returns the running [`Campaign`]. Must be called from within
     /// a tokio runtime. Each call starts an independent campaign (with its own session).
     pub fn campaign(&self) -> Campaign {
-        self.campaign_with(|_| {})
-    }
-
-    /// Starts an [`ElectionSet`](crate::ElectionSet): many elections with these settings (the
-    /// candidate, ttl, renew deadline, back-off and grace), on one session, driven by one
-    /// task; this election's own name only labels the set in logs. Each member costs a
-    /// fraction of a campaign's memory: the way to campaign in thousands of elections from
-    /// one process. Callbacks and the worker policy do not apply to a set. Must be called
-    /// from within a tokio runtime.
-    pub fn set(&self) -> crate::ElectionSet {
-        crate::set::ElectionSet::spawn(self.backend.clone(), self.config.clone())
-    }
-
-    /// [`campaign`](Self::campaign), with `before_start` called on the campaign's handle
-    /// before it starts (to pass its events on from the first, say).
-    pub(crate) fn campaign_with(
-        &self,
-        before_start: impl FnOnce(&campaign::CampaignHandle),
-    ) -> Campaign {
         campaign::spawn(self.backend.clone(), self.config.clone(), |handle| {
-            before_start(handle);
             if !self.callbacks.is_empty() {
                 let callbacks = self.callbacks.clone();
                 let mut events = handle.subscribe();
@@ -406,6 +374,16 @@ impl<B: Backend> Election<B> {
                 });
             }
         })
+    }
+
+    /// Starts an [`ElectionSet`](crate::ElectionSet): many elections with these settings (the
+    /// candidate, ttl, renew deadline, back-off and grace), on one session, driven by one
+    /// task; this election's own name only labels the set in logs. Each member costs a
+    /// fraction of a campaign's memory: the way to campaign in thousands of elections from
+    /// one process. Callbacks and the worker policy do not apply to a set. Must be called
+    /// from within a tokio runtime.
+    pub fn set(&self) -> crate::ElectionSet {
+        crate::set::ElectionSet::spawn(self.backend.clone(), self.config.clone())
     }
 
     /// Runs `worker(term)` only while this candidate leads, forever: see

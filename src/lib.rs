@@ -247,7 +247,8 @@
 //! that run it: each member registers in the store, every member computes the same balanced
 //! map from what the members claim (each within one of `S / N`; a join or leave moves at most
 //! `⌈S / N⌉` shards), and each shard it gets is a full term of its own election
-//! (`<group>/<k>`), with its own fencing token and hard stop, on the process's one session.
+//! (`<group>/<k>`), with its own fencing token and hard stop, a member of one
+//! [`ElectionSet`] on the process's one session.
 //! A shard that moves is released only after its worker stopped; the new owner takes it at
 //! the release, or at the expiry if the old owner died. The details are in [`sharded`].
 //!

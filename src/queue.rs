@@ -165,17 +165,8 @@ impl<T> Drop for QueueReceiver<T> {
 /// `capacity` unread items (a subscriber that reads none does not hold memory without end).
 /// A subscriber whose queue is full or gone is dropped. Cheap to clone (an `Arc` inside).
 pub(crate) struct Fanout<T> {
-    subscribers: Arc<std::sync::Mutex<Vec<Subscriber<T>>>>,
+    subscribers: Arc<std::sync::Mutex<Vec<QueueSender<T>>>>,
     capacity: usize,
-}
-
-/// One subscriber of a [`Fanout`].
-enum Subscriber<T> {
-    /// A queue that its reader drains.
-    Queue(QueueSender<T>),
-    /// A function handed each item at once, in the sender's task (so it must not block: it
-    /// hands the item on, to a channel say), until the fanout is closed.
-    Sink(Box<dyn Fn(&T) + Send + Sync>),
 }
 
 impl<T> Clone for Fanout<T> {
@@ -208,34 +199,18 @@ impl<T: Clone> Fanout<T> {
     /// A new subscriber, from now on.
     pub(crate) fn add(&self) -> QueueReceiver<T> {
         let (tx, rx) = queue();
-        self.push(Subscriber::Queue(tx));
-        rx
-    }
-
-    /// A subscriber that is a function: `sink` gets each item from now on, at once, in the
-    /// sender's task, under the fanout's lock; it must not block, nor send to this fanout.
-    pub(crate) fn add_sink(&self, sink: Box<dyn Fn(&T) + Send + Sync>) {
-        self.push(Subscriber::Sink(sink));
-    }
-
-    fn push(&self, subscriber: Subscriber<T>) {
         let mut subscribers = lock(&self.subscribers);
         // Room for exactly this one: most fanouts (a campaign's events) have one or two
         // subscribers for good, and there are as many fanouts as elections.
         subscribers.reserve_exact(1);
-        subscribers.push(subscriber);
+        subscribers.push(tx);
+        rx
     }
 
     /// Queues `item` for every subscriber.
     pub(crate) fn send(&self, item: &T) {
         let capacity = self.capacity;
-        lock(&self.subscribers).retain(|s| match s {
-            Subscriber::Queue(queue) => queue.send_bounded(item.clone(), capacity).is_ok(),
-            Subscriber::Sink(sink) => {
-                sink(item);
-                true
-            }
-        });
+        lock(&self.subscribers).retain(|queue| queue.send_bounded(item.clone(), capacity).is_ok());
     }
 
     /// Ends every subscriber's stream (once it has read what is queued).

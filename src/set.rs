@@ -39,6 +39,7 @@ use crate::config::{Config, validate_name};
 use crate::error::{Error, Result};
 use crate::event::{DemotionReason, LeadershipEvent};
 use crate::fence::{Fence, Freshness};
+use crate::metrics;
 use crate::queue::{Fanout, QueueReceiver};
 use crate::term::{ElectionConfig, Gap, Guards, Term};
 
@@ -57,7 +58,8 @@ pub struct SetEvent {
 /// deadline, back-off, grace), on one session of the store, driven by one task.
 ///
 /// Made with [`Election::set`](crate::Election::set). [`join`](Self::join) an election to
-/// campaign in it, [`leave`](Self::leave) it to end the term (if any) and release the lock;
+/// campaign in it, [`leave`](Self::leave) it to end the term (if any) and release the lock,
+/// [`resign`](Self::resign) to step down and campaign again;
 /// read a member's term with [`term`](Self::term) and [`is_leader`](Self::is_leader), and
 /// every member's events with [`events`](Self::events). [`shutdown`](Self::shutdown) ends
 /// every term and releases every lock.
@@ -110,12 +112,23 @@ pub struct SetEvent {
 ///
 /// # What it leaves out
 ///
-/// A set runs no worker (run work from the [`Term`]s it hands out, and stop it at
-/// [`must_stop`](Term::must_stop)); it has no resign, proclaim or hand-over of one member
-/// (leave and join again instead); it keeps no presence record and does not watch the
-/// request lock, so a switchover cannot name a member of a set; it records no metrics and
-/// serves no health route of its own. Each of those costs memory per election that a set
-/// exists to save; use a [`Campaign`](crate::Campaign) for an election that needs them.
+/// A set runs no worker of its own (run work from the [`Term`]s it hands out, and stop it at
+/// [`must_stop`](Term::must_stop); a [`ShardedElection`](crate::ShardedElection) runs one per
+/// shard on a set, with the hard stop); it has no proclaim or hand-over of one member; it
+/// keeps no presence record and does not watch the request lock, so a switchover cannot
+/// name a member of a set; it serves no health route of its own, and calls no
+/// [`on_elected`](crate::ElectionBuilder::on_elected)-style callbacks. Each of those costs
+/// memory per election that a set exists to save; use a [`Campaign`](crate::Campaign) for
+/// an election that needs them.
+///
+/// # Metrics
+///
+/// Each member records the per-election metrics of [`metrics`](crate::metrics), labelled
+/// with its own election's name, as a campaign does: `incumbent_is_leader` (1 from the win,
+/// 0 the instant the term ends), `incumbent_elections_won_total`,
+/// `incumbent_demotions_total`, `incumbent_campaign_attempts_total` and the two failover
+/// histograms. Unlike a campaign's, a member's `incumbent_is_leader` is first exported at
+/// its first win, not at its join: a set of 100,000 followers adds no series.
 pub struct ElectionSet {
     shared: Arc<SetShared>,
     commands: mpsc::UnboundedSender<Command>,
@@ -262,7 +275,8 @@ struct MemberState {
 
 enum Command {
     Join(Arc<Member>),
-    Leave(Arc<Member>, oneshot::Sender<()>),
+    /// A leave (or, with `rejoin`, a resign), and why the term ends.
+    Leave(Arc<Member>, oneshot::Sender<()>, DemotionReason),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -345,13 +359,33 @@ impl ElectionSet {
     /// starts at this call; the future returned completes once the lock is released, at
     /// once if the set is not in that election.
     pub fn leave(&self, name: &str) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.leave_because(name, DemotionReason::Shutdown, false)
+    }
+
+    /// Steps down in the election `name` if the set leads it: the term ends at this call
+    /// (reported as [`DemotionReason::Resigned`]), its guards are waited for up to the grace,
+    /// the lock is released, and the member campaigns again after the back-off, as a
+    /// campaign's [`resign`](crate::CampaignHandle::resign) does. A member that follows gives
+    /// up its place in line and takes it again. The future returned completes once the lock
+    /// is released; at once if the set is not in that election.
+    pub fn resign(&self, name: &str) -> impl Future<Output = Result<()>> + Send + 'static {
+        self.leave_because(name, DemotionReason::Resigned, true)
+    }
+
+    /// A leave of `name` (or a resign, with `rejoin`), reported with `reason`.
+    pub(crate) fn leave_because(
+        &self,
+        name: &str,
+        reason: DemotionReason,
+        rejoin: bool,
+    ) -> impl Future<Output = Result<()>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
         let asked = {
             let members = lock(&self.shared.members);
             members.get(name).map(|ByName(member)| {
                 let mut state = lock(&member.state);
                 state.leaving = true;
-                state.rejoin = false;
+                state.rejoin = rejoin;
                 // The term ends at this call; the set's task reports it and releases.
                 if let Some(term) = &state.term {
                     term.end(None);
@@ -359,8 +393,11 @@ impl ElectionSet {
                 member.clone()
             })
         };
-        let sent =
-            asked.is_some_and(|member| self.commands.send(Command::Leave(member, tx)).is_ok());
+        let sent = asked.is_some_and(|member| {
+            (self.commands)
+                .send(Command::Leave(member, tx, reason))
+                .is_ok()
+        });
         async move {
             if sent {
                 let _ = rx.await;
@@ -740,7 +777,7 @@ impl<B: Backend> Driver<B> {
                     self.pursue(index, None, false);
                 }
             }
-            Command::Leave(member, done) => {
+            Command::Leave(member, done, reason) => {
                 let index = lock(&member.state).slot as usize;
                 let live = self.slots.get(index).and_then(Option::as_ref);
                 if !live.is_some_and(|slot| Arc::ptr_eq(&slot.member, &member)) {
@@ -748,7 +785,7 @@ impl<B: Backend> Driver<B> {
                     return;
                 }
                 self.leaves.entry(index).or_default().push(done);
-                self.interrupt(index);
+                self.interrupt(index, reason);
             }
             Command::Shutdown(done) => self.shut_down(Some(done)),
         }
@@ -770,13 +807,13 @@ impl<B: Backend> Driver<B> {
             lock(&member.state).leaving = true;
         }
         for index in 0..self.slots.len() {
-            self.interrupt(index);
+            self.interrupt(index, DemotionReason::Shutdown);
         }
     }
 
-    /// The member is leaving: its term ends now; its step under way is interrupted (the
-    /// release follows when it returns), or the release starts.
-    fn interrupt(&mut self, index: usize) {
+    /// The member is leaving (or resigning): its term ends now, for `reason`; its step under
+    /// way is interrupted (the release follows when it returns), or the release starts.
+    fn interrupt(&mut self, index: usize, reason: DemotionReason) {
         let Some(slot) = self.slots[index].as_mut() else {
             return;
         };
@@ -784,7 +821,7 @@ impl<B: Backend> Driver<B> {
             slot.in_force = false;
             term.end(None);
             self.ended(index);
-            self.report(index, &term, DemotionReason::Shutdown, None);
+            self.report(index, &term, reason, None);
         }
         let Some(slot) = self.slots[index].as_mut() else {
             return;
@@ -802,9 +839,24 @@ impl<B: Backend> Driver<B> {
             return;
         };
         self.shared.leading.fetch_sub(1, Ordering::Relaxed);
-        let mut state = lock(&slot.member.state);
-        state.term = None;
-        state.leader = None;
+        {
+            let mut state = lock(&slot.member.state);
+            state.term = None;
+            state.leader = None;
+        }
+        ::metrics::gauge!(metrics::IS_LEADER, self.labels(index, None)).set(0.0);
+    }
+
+    /// The labels of the metrics of slot `index`'s election (none once it is gone).
+    fn labels(
+        &self,
+        index: usize,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> Vec<::metrics::Label> {
+        match self.slots[index].as_ref() {
+            Some(slot) => metrics::election_labels(&self.config, &slot.member.name, extra),
+            None => Vec::new(),
+        }
     }
 
     /// Tells the subscribers that the term of slot `index` ended.
@@ -812,6 +864,11 @@ impl<B: Backend> Driver<B> {
         let Some(slot) = self.slots[index].as_ref() else {
             return;
         };
+        ::metrics::counter!(
+            metrics::DEMOTIONS,
+            self.labels(index, Some(("reason", reason.as_str())))
+        )
+        .increment(1);
         self.shared.events.send(&SetEvent {
             election: slot.member.name.clone(),
             event: LeadershipEvent::Demoted {
@@ -840,12 +897,26 @@ impl<B: Backend> Driver<B> {
                     self.starting -= 1;
                     self.start_queued();
                 }
-                let Some(slot) = self.slots[index].as_mut() else {
-                    return;
-                };
                 if leaving {
                     return self.release(index);
                 }
+                let result = match &attempt {
+                    Some(Ok(Attempt::Won { .. })) => Some("won"),
+                    Some(Ok(Attempt::Held { .. })) => Some("held"),
+                    Some(Ok(Attempt::Delayed { .. })) => Some("delayed"),
+                    Some(Err(_)) => Some("error"),
+                    None => None,
+                };
+                if let Some(result) = result {
+                    ::metrics::counter!(
+                        metrics::CAMPAIGN_ATTEMPTS,
+                        self.labels(index, Some(("result", result)))
+                    )
+                    .increment(1);
+                }
+                let Some(slot) = self.slots[index].as_mut() else {
+                    return;
+                };
                 match attempt {
                     Some(Ok(Attempt::Won { fencing_token })) => {
                         self.won(index, fencing_token, free_since)
@@ -1005,6 +1076,14 @@ impl<B: Backend> Driver<B> {
             state.leader = None;
         }
         self.shared.leading.fetch_add(1, Ordering::Relaxed);
+        let gap = term.gap();
+        let labels = metrics::election_labels(&self.config, &slot.member.name, None);
+        ::metrics::counter!(metrics::ELECTIONS_WON, labels.clone()).increment(1);
+        ::metrics::gauge!(metrics::IS_LEADER, labels.clone()).set(1.0);
+        ::metrics::histogram!(metrics::TIME_TO_LEADER, labels.clone())
+            .record(gap.without_leader.as_secs_f64());
+        ::metrics::histogram!(metrics::LOCK_FREE_TO_LEADER, labels)
+            .record(gap.lock_free.as_secs_f64());
         let election = slot.member.name.clone();
         let member = slot.member.clone();
         slot.busy = true;

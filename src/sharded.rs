@@ -17,12 +17,20 @@
 //!    among those below their quota. So a join moves only the shards the newcomer gets, and a
 //!    leave only the leaver's shards: at most `⌈S/N⌉` moves per change, with `N` the smaller
 //!    member count. The map is a fixed point: once every member claims its part, nothing moves.
-//! 3. **campaigns for exactly its part**, one full campaign per shard (its own term, fencing
-//!    token and [`stop_by`](crate::Term::stop_by)), all on the process's one session, so
-//!    renewals stay one per process whatever the number of shards. A shard that moves away is
-//!    shut down as a [`Runner`] is: its worker is cancelled and awaited (at most the grace),
-//!    and only then is its lock released; the new owner, already waiting in the store's line,
-//!    takes it at the release (or at the expiry, if the old owner died).
+//! 3. **campaigns for exactly its part**: each shard it gets is a member of one
+//!    [`ElectionSet`], a full term of its own election (its own fencing token and
+//!    [`stop_by`](crate::Term::stop_by)), all on the process's one session and driven by one
+//!    task, so renewals stay one per process whatever the number of shards, and a shard
+//!    costs a set's member, not a campaign (BENCHMARKS.md, "Sharded elections"). Each term's
+//!    worker runs in a task of its own, as a [`Runner`](crate::Runner)'s does: cancelled
+//!    when the term ends, and dropped at its hard stop, the term's
+//!    [`must_stop`](crate::Term::must_stop) (the end of the grace, or the term's `stop_by` or
+//!    the lease's lapse if sooner). A shard that moves away ends its term at once, waits for
+//!    its worker (at most the grace), and only then releases its lock; the new owner, already
+//!    waiting in the store's line, takes it at the release (or at the expiry, if the old
+//!    owner died). A worker that returns while its term lasts steps its shard down as
+//!    [`OnWorkerExit`] says: under `Resign` (the default) it campaigns again after the
+//!    back-off; under `Stop` it stays down while the shard is assigned here.
 //!
 //! Safety does not rest on the map: two members that see different maps both campaign for a
 //! shard, and the shard's lock lets one of them lead. A shard never has two trusted owners;
@@ -60,6 +68,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, sleep_until};
@@ -68,11 +77,13 @@ use crate::backend::{
     Attempt, Backend, Candidate, Contender, Leader, Observer, Session, SessionHealth, unix_ms_now,
 };
 use crate::backoff::Backoff;
+use crate::campaign::{CatchUnwind, panic_message};
 use crate::config::{Config, validate_name};
 use crate::election::{Election, ElectionBuilder};
 use crate::event::{DemotionReason, LeadershipEvent};
 use crate::queue::{Fanout, QueueReceiver};
-use crate::runner::{self, OnWorkerExit, Runner, WorkerOutcome};
+use crate::runner::{OnWorkerExit, WorkerOutcome};
+use crate::set::{ElectionSet, SetEvent, SetEvents};
 use crate::term::Term;
 use crate::{Error, FencingToken, Result};
 
@@ -575,28 +586,34 @@ impl<B: Backend> ShardedElection<B> {
         let subscribers = Subscribers::new(crate::EVENT_QUEUE_CAPACITY);
         let (stop, stopped) = oneshot::channel();
         let status_tx = Arc::new(status_tx);
-        let (terms, shard_events) = mpsc::unbounded_channel();
+        // Every shard is a member of one set: one task and one session for them all.
+        let set = self.template.set();
+        let (exited, exits) = mpsc::unbounded_channel();
+        let workers = Workers {
+            worker: Arc::new(move |k, term| {
+                let work = worker(k, term);
+                Box::pin(async move { work.await.into_result() }) as WorkerFuture
+            }),
+            exited,
+        };
         let forwarding = tokio::spawn(forward(
-            shard_events,
+            set.events(),
             status_tx.clone(),
             subscribers.clone(),
             config.name.clone(),
+            workers,
         ));
         let coordinator = Coordinator {
             template: self.template.clone(),
             shards: self.shards,
             weight: self.weight,
             max_members: self.max_members,
-            worker: Arc::new(move |k, term| {
-                let work = worker(k, term);
-                Box::pin(async move { work.await.into_result() }) as WorkerFuture
-            }),
+            set,
             status: status_tx,
             subscribers: subscribers.clone(),
-            running: BTreeMap::new(),
-            terms,
+            running: BTreeSet::new(),
+            exits,
             forwarding: Some(forwarding),
-            stopping: JoinSet::new(),
             view: BTreeMap::new(),
             published: None,
         };
@@ -727,6 +744,20 @@ type Subscribers = Fanout<ShardEvent>;
 type Worker = Arc<dyn Fn(u32, Term) -> WorkerFuture + Send + Sync>;
 type WorkerFuture = std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
 
+/// What runs the shards' workers: the user's worker, and where a worker that returns while
+/// its term lasts is told.
+struct Workers {
+    worker: Worker,
+    exited: mpsc::UnboundedSender<Exit>,
+}
+
+/// A shard's worker returned (or failed, or panicked) while its term lasted.
+struct Exit {
+    shard: u32,
+    fencing_token: FencingToken,
+    outcome: std::result::Result<(), String>,
+}
+
 /// A member's hold on its slot.
 struct Registration<B: Backend> {
     session: B::Session,
@@ -741,15 +772,19 @@ struct Coordinator<B: Backend> {
     shards: u32,
     weight: u32,
     max_members: u32,
-    worker: Worker,
+    /// The shards' elections, each a member of this set while this process campaigns for
+    /// the shard.
+    set: ElectionSet,
     status: Arc<watch::Sender<ShardStatus>>,
     subscribers: Subscribers,
-    running: BTreeMap<u32, Runner>,
-    /// To the member's forwarding task ([`forward`]): each shard's term changes.
-    terms: mpsc::UnboundedSender<(u32, LeadershipEvent)>,
-    /// That task, awaited at the end, once every shard stopped.
+    /// The shards this process campaigns for: members of the set (or, under
+    /// [`OnWorkerExit::Stop`], left after their worker returned, until they move away).
+    running: BTreeSet<u32>,
+    /// Workers that returned while their term lasted, from their tasks.
+    exits: mpsc::UnboundedReceiver<Exit>,
+    /// The forwarding task ([`forward`]): it runs the workers and tells the set's events;
+    /// awaited at the end, once every shard stopped.
     forwarding: Option<tokio::task::JoinHandle<()>>,
-    stopping: JoinSet<()>,
     /// What each slot's observer last said, and the member it names, read once per change
     /// of the slot (`None`: a member built with another number of shards).
     view: BTreeMap<u32, (Leader, Option<ShardMember>)>,
@@ -879,7 +914,8 @@ impl<B: Backend> Coordinator<B> {
                     held_due = None;
                     flush_held = true;
                 }
-                Some(_) = self.stopping.join_next(), if !self.stopping.is_empty() => {
+                Some(exit) = self.exits.recv() => {
+                    self.worker_exited(exit);
                     recompute = false;
                 }
             }
@@ -891,16 +927,16 @@ impl<B: Backend> Coordinator<B> {
         if let Some(r) = &registration {
             r.session.leaving();
         }
-        let running = std::mem::take(&mut self.running);
-        let _ = Runner::shutdown_all(running.into_values()).await;
-        while self.stopping.join_next().await.is_some() {}
+        // The set ends every term at once, waits for the workers (up to the grace, never past
+        // a term's hard stop) and releases every shard's lock.
+        let _ = self.set.shutdown().await;
         if let Some(mut r) = registration.take() {
             let _ = r.contender.release().await;
             let _ = r.session.close().await;
         }
         observers.abort_all();
-        // Every shard stopped: the forwarding task passes on what they said last, and ends.
-        self.terms = mpsc::unbounded_channel().0;
+        // Every shard stopped: the forwarding task passes on what the set said last, and ends
+        // with the set's events.
         if let Some(forwarding) = self.forwarding.take() {
             let _ = forwarding.await;
         }
@@ -910,6 +946,37 @@ impl<B: Backend> Coordinator<B> {
             s.terms.clear();
         });
         self.subscribers.close();
+    }
+
+    /// A shard's worker returned while its term lasted: the shard steps down, and under
+    /// [`OnWorkerExit::Resign`] campaigns again after the back-off, as a [`Runner`](crate::Runner)'s would.
+    /// Under [`OnWorkerExit::Stop`] it is left, and taken up again only once it has moved
+    /// away and back.
+    fn worker_exited(&mut self, exit: Exit) {
+        let name = shard_name(self.group(), exit.shard);
+        let current = self
+            .set
+            .term(&name)
+            .is_some_and(|t| t.fencing_token() == exit.fencing_token && !t.is_cancelled());
+        if !current {
+            return;
+        }
+        let reason = match &exit.outcome {
+            Ok(()) => {
+                tracing::info!(
+                    shard = exit.shard,
+                    "the shard's worker returned while leader"
+                );
+                DemotionReason::WorkerExited
+            }
+            Err(error) => {
+                tracing::error!(shard = exit.shard, %error, "the shard's worker failed while leader");
+                DemotionReason::WorkerFailed
+            }
+        };
+        let rejoin = self.template.on_worker_exit() == OnWorkerExit::Resign;
+        // The step down starts at the call; nothing waits for it here.
+        drop(self.set.leave_because(&name, reason, rejoin));
     }
 
     fn saw(&mut self, slot: u32, leader: Option<Leader>) {
@@ -1024,32 +1091,42 @@ impl<B: Backend> Coordinator<B> {
         } else {
             BTreeSet::new()
         };
-        // Stop first: a shard that moves is released as soon as its worker has stopped.
+        // Stop first: a shard that moves ends its term at once, and is released as soon as
+        // its worker has stopped (the set waits for it, up to the grace).
         let leaving: Vec<u32> = self
             .running
-            .keys()
+            .iter()
             .filter(|k| !target.contains(k))
             .copied()
             .collect();
         for k in leaving {
-            if let Some(runner) = self.running.remove(&k) {
-                self.stopping.spawn(async move {
-                    let _ = runner.shutdown().await;
-                });
-            }
+            self.running.remove(&k);
+            drop(self.set.leave(&shard_name(self.group(), k)));
         }
+        let mut stopped = None;
         for &k in &target {
-            if !self.running.contains_key(&k) {
-                let runner = self.start_shard(k);
-                self.running.insert(k, runner);
+            if !self.running.contains(&k) {
+                match self.set.join(&shard_name(self.group(), k)) {
+                    Ok(()) => {
+                        self.running.insert(k);
+                    }
+                    Err(e) => stopped = Some(e),
+                }
             }
         }
-        let problem = (!foreign.is_empty()).then(|| {
-            format!(
-                "members {foreign:?} were built with another number of shards than {}; they are left out of the map",
-                self.shards
-            )
-        });
+        let problem = match stopped {
+            // The set's task ended (a bug: it panicked), and with it every term.
+            Some(e) => Some(format!(
+                "the shards' elections stopped ({e}): {}; start the group again",
+                self.set.problem().unwrap_or_default()
+            )),
+            None => (!foreign.is_empty()).then(|| {
+                format!(
+                    "members {foreign:?} were built with another number of shards than {}; they are left out of the map",
+                    self.shards
+                )
+            }),
+        };
         let member_count = members.len();
         // What changed is replaced; the rest is left as it is (every member's claims and
         // the map are thousands of shards each, computed again at every slot's change).
@@ -1092,43 +1169,19 @@ impl<B: Backend> Coordinator<B> {
         }
         Ok(())
     }
-
-    fn start_shard(&self, shard: u32) -> Runner {
-        let election = self.template.renamed(shard_name(self.group(), shard));
-        let worker = self.worker.clone();
-        let terms = self.terms.clone();
-        // Its term changes go to the member's one forwarding task, as the campaign sends
-        // them: no task and no event queue per shard.
-        let campaign = election.campaign_with(|handle| {
-            handle.pass_events_to(Box::new(move |event| {
-                // Term changes only: who leads a shard this member does not is nobody's here.
-                if !matches!(event, LeadershipEvent::LeaderChanged(_)) {
-                    let _ = terms.send((shard, event.clone()));
-                }
-            }));
-        });
-        Runner::start(
-            campaign,
-            move |term| worker(shard, term),
-            runner::Policy {
-                grace: election.config().grace,
-                on_worker_exit: election.on_worker_exit(),
-            },
-        )
-    }
 }
 
 /// The most shard events [`forward`] takes in one batch.
 const FORWARD_BATCH: usize = 1024;
 
-/// Passes the shards' term changes on to the status and the subscribers, in the order each
-/// shard's campaign sent them; ends once every shard's campaign stopped and the coordinator
-/// is gone.
+/// Passes the shards' term changes on to the status and the subscribers, in the order the
+/// set sent them, and starts each new term's worker; ends once the set has stopped.
 async fn forward(
-    mut events: mpsc::UnboundedReceiver<(u32, LeadershipEvent)>,
+    mut events: SetEvents,
     status: Arc<watch::Sender<ShardStatus>>,
     subscribers: Subscribers,
     group: String,
+    workers: Workers,
 ) {
     // The events queued when it wakes are taken as one batch: the status changes once for
     // them all. The gauge counts the terms the events left in the status, as its docs say
@@ -1136,9 +1189,23 @@ async fn forward(
     // shard's term, and once per event it made a move of thousands of shards quadratic.
     let mut batch = Vec::new();
     let mut told = Vec::new();
-    while events.recv_many(&mut batch, FORWARD_BATCH).await > 0 {
+    while let Some(first) = events.recv().await {
+        batch.push(first);
+        while batch.len() < FORWARD_BATCH {
+            match events.recv().now_or_never() {
+                Some(Some(event)) => batch.push(event),
+                _ => break,
+            }
+        }
         status.send_if_modified(|s| {
-            for (shard, event) in batch.drain(..) {
+            for SetEvent { election, event } in batch.drain(..) {
+                // The set holds this group's shards only, named `<group>/<k>`.
+                let Some(shard) = election
+                    .rsplit_once('/')
+                    .and_then(|(_, k)| k.parse::<u32>().ok())
+                else {
+                    continue;
+                };
                 if let Some(event) = record(s, shard, event) {
                     told.push(event);
                 }
@@ -1148,17 +1215,67 @@ async fn forward(
         });
         crate::metrics::shards_owned(&group, status.borrow().terms.len());
         for event in told.drain(..) {
+            if let ShardEvent::Elected { shard, term } = &event {
+                workers.start(*shard, term.clone());
+            }
             subscribers.send(&event);
         }
+    }
+}
+
+impl Workers {
+    /// Runs the worker of `shard`'s new term in a task of its own, holding the term (the
+    /// set's release waits for it, up to the grace). It is dropped at the term's
+    /// [`must_stop`](Term::must_stop), which the set fires at the hard stop: at the end of
+    /// the grace if the worker still holds the term after a leave, a move or a resign (or
+    /// sooner, when renewals stop and the lease could lapse first), and at `stop_by` after
+    /// an involuntary loss. So a shard's worker costs its task and its own future, and no
+    /// timer. A worker that returns while its term lasts is told to the coordinator.
+    fn start(&self, shard: u32, term: Term) {
+        let guard = term.hold();
+        // Taken before the term ended, the guard holds the release until the worker has
+        // stopped; a term that ended before runs no worker.
+        if term.is_cancelled() {
+            return;
+        }
+        let work = (self.worker)(shard, term.clone());
+        let exited = self.exited.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            // `must_stop`'s token is made only once the term has ended.
+            let hard_stop = async {
+                term.cancelled().await;
+                term.must_stop().await;
+            };
+            tokio::select! {
+                biased;
+                () = hard_stop => tracing::warn!(
+                    shard,
+                    "the shard's worker did not stop after its term ended; aborted it"
+                ),
+                outcome = CatchUnwind(work) => {
+                    if term.is_cancelled() {
+                        return;
+                    }
+                    let outcome = outcome.unwrap_or_else(|panic| {
+                        Err(format!("panicked: {}", panic_message(&*panic)))
+                    });
+                    let _ = exited.send(Exit {
+                        shard,
+                        fencing_token: term.fencing_token(),
+                        outcome,
+                    });
+                }
+            }
+        });
     }
 }
 
 /// Records a shard's event in the status; the event to tell, if any.
 fn record(s: &mut ShardStatus, shard: u32, event: LeadershipEvent) -> Option<ShardEvent> {
     match event {
-        // A shard that moves away and back has two campaigns a moment apart, whose events
-        // may interleave here: a late event of the older term (a lower token) must not
-        // overwrite or remove the newer one.
+        // The set sends a shard's events in order; still, an event of an older term (a
+        // lower token) never overwrites or removes the newer one.
         LeadershipEvent::Elected(term) => {
             let newer = s
                 .terms

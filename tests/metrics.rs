@@ -52,6 +52,27 @@ fn find<'a>(snapshot: &'a Snapshot, name: &str, labels: &[(&str, &str)]) -> Opti
         .map(|(_, _, _, value)| value)
 }
 
+/// `election` leads, after one term won with one attempt.
+fn won_once(snap: &Snapshot, election: &str) {
+    let who = [("election", election)];
+    assert_eq!(
+        find(snap, names::IS_LEADER, &who),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
+    assert_eq!(
+        find(snap, names::ELECTIONS_WON, &who),
+        Some(&DebugValue::Counter(1))
+    );
+    assert_eq!(
+        find(
+            snap,
+            names::CAMPAIGN_ATTEMPTS,
+            &[("election", election), ("result", "won")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_term_records_every_metric() {
     let _alone = ONE_AT_A_TIME.lock().await;
@@ -71,22 +92,7 @@ async fn a_term_records_every_metric() {
 
     let who = [("election", "metered")];
     let snap = snapshot(snapshotter);
-    assert_eq!(
-        find(&snap, names::IS_LEADER, &who),
-        Some(&DebugValue::Gauge(1.0.into()))
-    );
-    assert_eq!(
-        find(&snap, names::ELECTIONS_WON, &who),
-        Some(&DebugValue::Counter(1))
-    );
-    assert_eq!(
-        find(
-            &snap,
-            names::CAMPAIGN_ATTEMPTS,
-            &[("election", "metered"), ("result", "won")]
-        ),
-        Some(&DebugValue::Counter(1))
-    );
+    won_once(&snap, "metered");
     match find(
         &snap,
         names::RENEWALS,
@@ -173,6 +179,86 @@ async fn a_term_records_every_metric() {
     }
 }
 
+/// A set's members record the per-election metrics a campaign does, from their first win;
+/// so does each shard of a sharded election, whose members are a set's.
+#[tokio::test(start_paused = true)]
+async fn a_sets_members_and_a_groups_shards_record_the_election_metrics() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let snapshotter = recorder();
+    snapshot(snapshotter);
+    let store = MemoryBackend::new();
+    let set = Election::builder(store.clone(), "metered-set")
+        .candidate("a")
+        .build()
+        .expect("valid")
+        .set();
+    let mut events = set.events();
+    set.join("metered-set/acme").expect("valid");
+    while !matches!(
+        events.recv().await.map(|e| e.event),
+        Some(LeadershipEvent::Elected(_))
+    ) {}
+    let who = [("election", "metered-set/acme")];
+    let snap = snapshot(snapshotter);
+    won_once(&snap, "metered-set/acme");
+    for name in [names::TIME_TO_LEADER, names::LOCK_FREE_TO_LEADER] {
+        assert!(
+            matches!(find(&snap, name, &who), Some(DebugValue::Histogram(h)) if h.len() == 1),
+            "{name}"
+        );
+    }
+    set.resign("metered-set/acme").await.expect("resigned");
+    let snap = snapshot(snapshotter);
+    assert_eq!(
+        find(&snap, names::IS_LEADER, &who),
+        Some(&DebugValue::Gauge(0.0.into())),
+        "0 the instant the term ended"
+    );
+    assert_eq!(
+        find(
+            &snap,
+            names::DEMOTIONS,
+            &[("election", "metered-set/acme"), ("reason", "resigned")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+    set.shutdown().await.expect("stops");
+
+    let group = incumbent::ShardedElection::builder(store.clone(), "metered-group", 2)
+        .candidate("a")
+        .build()
+        .expect("valid")
+        .start(|_, term| async move { term.cancelled().await });
+    let mut status = group.status();
+    status
+        .wait_for(|s| s.owned().len() == 2)
+        .await
+        .expect("both shards led");
+    let snap = snapshot(snapshotter);
+    for k in 0..2 {
+        let shard = format!("metered-group/{k}");
+        assert_eq!(
+            find(&snap, names::IS_LEADER, &[("election", shard.as_str())]),
+            Some(&DebugValue::Gauge(1.0.into())),
+            "{shard}"
+        );
+    }
+    group.shutdown().await.expect("stops");
+    let snap = snapshot(snapshotter);
+    assert_eq!(
+        find(&snap, names::IS_LEADER, &[("election", "metered-group/0")]),
+        Some(&DebugValue::Gauge(0.0.into()))
+    );
+    assert_eq!(
+        find(
+            &snap,
+            names::DEMOTIONS,
+            &[("election", "metered-group/1"), ("reason", "shutdown")]
+        ),
+        Some(&DebugValue::Counter(1))
+    );
+}
+
 /// After the leader's crash (here: cut off from the store, so it never renews again), the
 /// failover time is the gap a user sees, from the crash to the next leader, to within one
 /// renewal interval: not the milliseconds from the store freeing the lock to the win.
@@ -226,13 +312,20 @@ async fn after_a_crash_time_to_leader_counts_from_the_last_renewal() {
     assert_eq!(again.gap().without_leader, again.gap().lock_free);
 }
 
-/// The `session` label of a snapshot's renewal series for `backend`, checking they all carry
+/// The `session` label of a snapshot's renewal series for `backend` that recorded since the
+/// last snapshot (an earlier test's sessions stay registered, at 0), checking they all carry
 /// the same one.
 fn renewal_session(snap: &Snapshot, backend: &str) -> String {
     let sessions: std::collections::BTreeSet<String> = snap
         .iter()
-        .filter(|(key, ..)| {
-            [names::RENEWALS, names::RENEW_LATENCY].contains(&key.key().name())
+        .filter(|(key, _, _, value)| {
+            let recorded = match value {
+                DebugValue::Counter(n) => *n > 0,
+                DebugValue::Histogram(h) => !h.is_empty(),
+                DebugValue::Gauge(_) => true,
+            };
+            recorded
+                && [names::RENEWALS, names::RENEW_LATENCY].contains(&key.key().name())
                 && key
                     .key()
                     .labels()

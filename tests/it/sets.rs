@@ -378,6 +378,39 @@ async fn a_member_joined_again_while_leaving_campaigns_again_once_released() {
     assert_eq!(store.holder("tenants/acme"), None);
 }
 
+/// A resign ends the term at the call (reported as `Resigned`), gives a follower the lock
+/// first, and the member campaigns again: it leads once the follower leaves, with a greater
+/// token.
+#[tokio::test(start_paused = true)]
+async fn a_resign_ends_the_term_at_the_call_hands_the_lock_on_and_campaigns_again() {
+    let store = MemoryBackend::new();
+    let (a, mut a_events, first) = leading(&store, "a", "tenants/acme").await;
+    let b = set(&store, "b");
+    let mut b_events = b.events();
+    b.join("tenants/acme").expect("valid");
+    sleep(Duration::from_millis(100)).await;
+    let resigning = a.resign("tenants/acme");
+    assert!(first.is_cancelled(), "the term ended at the call");
+    assert!(!a.is_leader("tenants/acme"));
+    resigning.await.expect("resigned");
+    assert_eq!(
+        demoted(&mut a_events, "tenants/acme").await.0,
+        DemotionReason::Resigned
+    );
+    let b_term = elected(&mut b_events, "tenants/acme").await;
+    assert!(b_term.fencing_token() > first.fencing_token());
+    assert_eq!(a.len(), 1, "still a member");
+    b.leave("tenants/acme").await.expect("left");
+    let again = elected(&mut a_events, "tenants/acme").await;
+    assert!(again.fencing_token() > b_term.fencing_token());
+    assert!(
+        a.resign("tenants/other").await.is_ok(),
+        "not a member: nothing to do"
+    );
+    a.shutdown().await.expect("stops");
+    b.shutdown().await.expect("stops");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_thousand_members_lead_on_one_session_without_polling() {
     let store = MemoryBackend::new();

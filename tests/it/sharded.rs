@@ -434,3 +434,262 @@ async fn weights_share_the_shards_in_proportion() {
         runner.shutdown().await.expect("shutdown");
     }
 }
+
+/// Records when it is dropped: when a worker's future went, whether it returned or was
+/// stopped.
+struct Dropped(u32, Arc<Mutex<BTreeMap<u32, Instant>>>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.1.lock().unwrap().insert(self.0, Instant::now());
+    }
+}
+
+/// A member whose workers never look at their terms: each records in `dropped` when it was
+/// dropped (stopped).
+fn stuck_member(
+    backend: &MemoryBackend,
+    id: &str,
+    grace: Duration,
+    dropped: &Arc<Mutex<BTreeMap<u32, Instant>>>,
+) -> ShardedRunner {
+    let dropped = dropped.clone();
+    ShardedElection::builder(backend.clone(), "jobs", SHARDS)
+        .candidate(id)
+        .ttl(TTL)
+        .backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .grace(grace)
+        .build()
+        .expect("valid settings")
+        .start(move |shard, _term| {
+            let flag = Dropped(shard, dropped.clone());
+            async move {
+                let _flag = flag;
+                std::future::pending::<()>().await
+            }
+        })
+}
+
+/// A worker that never looks at its term is dropped at the hard stop, the grace after its
+/// term ended, and before the shard's next owner starts: the move waits for it.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_ignores_its_terms_end_is_stopped_at_the_grace_before_the_shard_moves() {
+    let store = MemoryBackend::new();
+    let grace = Duration::from_millis(500);
+    let dropped: Arc<Mutex<BTreeMap<u32, Instant>>> = Arc::default();
+    let a = stuck_member(&store.client(), "a", grace, &dropped);
+    settled(&[("a", &a)], TTL * 4).await;
+    let mut events = a.subscribe();
+    let ledger = Ledger::default();
+    let b = member(&store.client(), "b", &ledger);
+    let mut demoted_at = BTreeMap::new();
+    while demoted_at.len() < SHARDS as usize / 2 {
+        if let ShardEvent::Demoted { shard, reason, .. } = timeout(TTL, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            assert_eq!(reason, DemotionReason::Shutdown);
+            demoted_at.insert(shard, Instant::now());
+        }
+    }
+    settled(&[("a", &a), ("b", &b)], TTL * 4).await;
+    let dropped = dropped.lock().unwrap().clone();
+    let b_started: BTreeMap<u32, Instant> = ledger
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| (t.0, t.3))
+        .collect();
+    for (shard, demoted) in &demoted_at {
+        let gone = dropped
+            .get(shard)
+            .unwrap_or_else(|| panic!("shard {shard}: its worker was never stopped"));
+        let waited = gone.duration_since(*demoted);
+        assert!(
+            waited >= grace && waited <= grace + Duration::from_millis(50),
+            "shard {shard}: the worker was stopped {waited:?} after its term ended (grace {grace:?})"
+        );
+        assert!(
+            b_started[shard] >= *gone,
+            "shard {shard}: b began before a's worker was stopped"
+        );
+    }
+    assert!(
+        dropped.keys().all(|k| demoted_at.contains_key(k)),
+        "only the moved shards' workers stopped"
+    );
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+    ledger.check();
+}
+
+/// A member cut off from the store: its workers that never look at their terms are dropped
+/// at the terms' `stop_by`, before the store can hand a shard on, and the shards' next owner
+/// starts after that.
+#[tokio::test(start_paused = true)]
+async fn a_cut_off_members_stuck_workers_are_stopped_before_its_shards_can_move() {
+    let store = MemoryBackend::new();
+    let dropped: Arc<Mutex<BTreeMap<u32, Instant>>> = Arc::default();
+    let a_client = store.client();
+    let a = stuck_member(&a_client, "a", TTL * 10, &dropped);
+    settled(&[("a", &a)], TTL * 4).await;
+    let ledger = Ledger::default();
+    let b = member(&store.client(), "b", &ledger);
+    settled(&[("a", &a), ("b", &b)], TTL * 4).await;
+    let mut events = a.subscribe();
+    let held: BTreeSet<u32> = a.status().borrow().owned();
+    dropped.lock().unwrap().clear();
+    let cut = Instant::now();
+    a_client.set_reachability(Reachability::Hanging);
+    let mut stop_by = BTreeMap::new();
+    while stop_by.len() < held.len() {
+        if let ShardEvent::Demoted {
+            shard, stop_by: at, ..
+        } = timeout(TTL * 2, events.recv())
+            .await
+            .expect("an event")
+            .expect("open")
+        {
+            stop_by.insert(shard, at.expect("an involuntary loss has a stop_by"));
+        }
+    }
+    settled(&[("b", &b)], TTL * 4).await;
+    let dropped = dropped.lock().unwrap().clone();
+    let b_started: BTreeMap<u32, Instant> = ledger
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| t.3 > cut)
+        .map(|t| (t.0, t.3))
+        .collect();
+    for shard in &held {
+        let gone = dropped
+            .get(shard)
+            .unwrap_or_else(|| panic!("shard {shard}: its stuck worker was never stopped"));
+        assert!(
+            *gone <= stop_by[shard],
+            "shard {shard}: stopped at {gone:?}, after its stop_by {:?}",
+            stop_by[shard]
+        );
+        assert!(
+            b_started[shard] > *gone,
+            "shard {shard}: b began before a's stuck worker was stopped"
+        );
+    }
+    drop(a);
+    b.shutdown().await.expect("shutdown");
+    ledger.check();
+}
+
+/// A worker that returns, fails or panics while its shard's term lasts: under the default
+/// policy the shard steps down (`WorkerExited`, `WorkerFailed`) and leads again with a
+/// greater token; under `OnWorkerExit::Stop` it stays down while it is assigned here.
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_follows() {
+    use incumbent::OnWorkerExit;
+    let store = MemoryBackend::new();
+    let start = |id: &str, policy: OnWorkerExit| {
+        let runs: Arc<Mutex<BTreeMap<u32, u32>>> = Arc::default();
+        ShardedElection::builder(store.client(), format!("jobs-{id}"), 4)
+            .candidate(id)
+            .ttl(TTL)
+            .backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .on_worker_exit(policy)
+            .build()
+            .expect("valid")
+            .start(move |shard, term| {
+                let first = {
+                    let mut runs = runs.lock().unwrap();
+                    let n = runs.entry(shard).or_default();
+                    *n += 1;
+                    *n == 1
+                };
+                async move {
+                    // Each shard's first term: shard 0 returns, 1 fails, 2 panics.
+                    match shard {
+                        0 if first => return Ok(()),
+                        1 if first => return Err("the job failed"),
+                        2 if first => panic!("the job panicked"),
+                        _ => {}
+                    }
+                    term.cancelled().await;
+                    Ok::<(), &str>(())
+                }
+            })
+    };
+    // The default: each steps down with why, and leads again.
+    let resigning = start("resigning", OnWorkerExit::Resign);
+    let mut events = resigning.subscribe();
+    let mut first = BTreeMap::new();
+    let mut reasons = BTreeMap::new();
+    let mut again = BTreeMap::new();
+    timeout(TTL * 4, async {
+        while again.len() < 3 {
+            match events.recv().await.expect("open") {
+                ShardEvent::Elected { shard, term } if shard < 3 => {
+                    if let Some(earlier) = first.get(&shard) {
+                        again.insert(shard, (*earlier, term.fencing_token()));
+                    } else {
+                        first.insert(shard, term.fencing_token());
+                    }
+                }
+                ShardEvent::Demoted { shard, reason, .. } => {
+                    reasons.insert(shard, reason);
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("every shard led again");
+    assert_eq!(
+        reasons,
+        BTreeMap::from([
+            (0, DemotionReason::WorkerExited),
+            (1, DemotionReason::WorkerFailed),
+            (2, DemotionReason::WorkerFailed),
+        ])
+    );
+    for (shard, (earlier, later)) in again {
+        assert!(
+            later > earlier,
+            "shard {shard}: token {later} after {earlier}"
+        );
+    }
+
+    // Stop: the shards step down and stay down, though the map still gives them here.
+    let stopping = start("stopping", OnWorkerExit::Stop);
+    let mut events = stopping.subscribe();
+    let mut reasons = BTreeMap::new();
+    timeout(TTL * 4, async {
+        while reasons.len() < 3 {
+            if let ShardEvent::Demoted { shard, reason, .. } = events.recv().await.expect("open") {
+                reasons.insert(shard, reason);
+            }
+        }
+    })
+    .await
+    .expect("three shards stepped down");
+    assert_eq!(reasons[&0], DemotionReason::WorkerExited);
+    assert_eq!(reasons[&1], DemotionReason::WorkerFailed);
+    tokio::time::sleep(TTL * 2).await;
+    let status = stopping.status().borrow().clone();
+    assert_eq!(status.assigned, BTreeSet::from([0, 1, 2, 3]));
+    assert_eq!(
+        status.owned(),
+        BTreeSet::from([3]),
+        "stopped shards stay down"
+    );
+    for k in 0..3 {
+        assert_eq!(
+            store.holder(&format!("jobs-stopping/{k}")),
+            None,
+            "shard {k}"
+        );
+    }
+    resigning.shutdown().await.expect("shutdown");
+    stopping.shutdown().await.expect("shutdown");
+}
