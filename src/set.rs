@@ -236,6 +236,27 @@ impl PartialEq for ByName {
 impl Eq for ByName {}
 
 impl SetShared {
+    /// Whether a join asked for `member` again while it was leaving: then it stays, no longer
+    /// leaving. If not, it is taken out of the members, under the same lock as a join's look
+    /// for it, so that a join never finds (and counts on) a member that is going.
+    fn rejoin_or_forget(&self, member: &Arc<Member>) -> bool {
+        let mut members = lock(&self.members);
+        {
+            let mut state = lock(&member.state);
+            if std::mem::take(&mut state.rejoin) {
+                state.leaving = false;
+                return true;
+            }
+        }
+        if members
+            .get(&*member.name)
+            .is_some_and(|m| Arc::ptr_eq(&m.0, member))
+        {
+            members.remove(&*member.name);
+        }
+        false
+    }
+
     /// Takes `member` out of the members, unless a later join of its name took its place.
     fn forget(&self, member: &Arc<Member>) {
         let mut members = lock(&self.members);
@@ -739,7 +760,8 @@ impl<B: Backend> Driver<B> {
                 .as_ref()
                 .is_some_and(|s| lock(&s.member.state).leaving)
             {
-                self.finish(index);
+                // Joined again meanwhile, it campaigns again on the next session.
+                self.left(index);
             }
         }
         tokio::spawn(open.close(self.config.ttl));
@@ -976,22 +998,8 @@ impl<B: Backend> Driver<B> {
                 slot.claim = claim;
                 slot.guards = None;
                 slot.term = None;
-                if leaving {
-                    let rejoin = !stopping && {
-                        let mut state = lock(&slot.member.state);
-                        let rejoin = state.rejoin;
-                        if rejoin {
-                            state.leaving = false;
-                            state.rejoin = false;
-                        }
-                        rejoin
-                    };
-                    if !rejoin {
-                        return self.finish(index);
-                    }
-                    for waiter in self.leaves.remove(&index).into_iter().flatten() {
-                        let _ = waiter.send(());
-                    }
+                if leaving && !self.left(index) {
+                    return;
                 }
                 let delay = self.config.backoff.delay(0);
                 self.pursue(index, Some(Instant::now() + delay), false);
@@ -1190,8 +1198,8 @@ impl<B: Backend> Driver<B> {
         };
         let leaving = stopping || lock(&slot.member.state).leaving;
         let Some(mut claim) = slot.claim.take() else {
-            if leaving {
-                return self.finish(index);
+            if leaving && !self.left(index) {
+                return;
             }
             return self.pursue(index, None, false);
         };
@@ -1220,6 +1228,25 @@ impl<B: Backend> Driver<B> {
                 (index, Done::Released((!leaving).then_some(claim)))
             }
         }));
+    }
+
+    /// The member of slot `index` has let go of its lock while leaving: whoever waits for the
+    /// leave is told, and the member goes, unless a join asked for it again meanwhile
+    /// (checked under the members' lock, as a join looks: [`SetShared::rejoin_or_forget`]).
+    /// Returns whether it stays, to campaign again.
+    fn left(&mut self, index: usize) -> bool {
+        let Some(slot) = self.slots[index].as_ref() else {
+            return false;
+        };
+        let rejoined = self.stopping.is_none() && self.shared.rejoin_or_forget(&slot.member);
+        if !rejoined {
+            self.finish(index);
+            return false;
+        }
+        for waiter in self.leaves.remove(&index).into_iter().flatten() {
+            let _ = waiter.send(());
+        }
+        true
     }
 
     /// The member of slot `index` is gone: its slot is freed and whoever waits is told.

@@ -411,6 +411,47 @@ async fn a_resign_ends_the_term_at_the_call_hands_the_lock_on_and_campaigns_agai
     b.shutdown().await.expect("stops");
 }
 
+/// A join that comes while a leave ends, from another thread, is never lost: the member
+/// either goes and is joined anew, or stays and campaigns again. Two ways lost it before: a
+/// member left before its first claim was made went, whatever a join had asked meanwhile;
+/// and a join could find the member between the set's decision that it goes and its
+/// removal. Sharded members then held shards in their map that they never campaigned for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_racing_the_end_of_a_leave_is_never_lost() {
+    let store = MemoryBackend::new();
+    let a = Election::builder(store.clone(), "tenants")
+        .candidate("a")
+        .ttl(TTL)
+        .backoff(Duration::from_millis(1), Duration::from_millis(10))
+        .build()
+        .expect("valid settings")
+        .set();
+    let names: Vec<String> = (0..64).map(|i| format!("tenants/{i}")).collect();
+    for name in &names {
+        a.join(name).expect("valid");
+    }
+    for round in 0..50 {
+        for name in &names {
+            drop(a.leave(name));
+        }
+        // Spread the joins over the leaves' ends.
+        if round % 2 == 0 {
+            tokio::task::yield_now().await;
+        }
+        for name in &names {
+            a.join(name).expect("valid");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.leading() < names.len() && Instant::now() < deadline {
+        sleep(Duration::from_millis(10)).await;
+    }
+    let lost: Vec<&String> = names.iter().filter(|n| !a.is_leader(n)).collect();
+    assert!(lost.is_empty(), "joined last, not leading: {lost:?}");
+    assert_eq!(a.len(), names.len());
+    a.shutdown().await.expect("stops");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_thousand_members_lead_on_one_session_without_polling() {
     let store = MemoryBackend::new();
