@@ -22,10 +22,12 @@
 //!   leadership spreads, the live heap per campaign once settled (leaders and followers
 //!   together), etcd's write rate and watch count while settled and during a rolling restart
 //!   of the backends.
+//! - `etcd-set-followers`: the same, with each backend's elections the members of one
+//!   `ElectionSet`.
 //! - `consul-followers`: two backends contend for `--count` Consul elections: the blocking
 //!   queries open on the agent (TCP connections from this process) while settled.
 //!
-//! `--no-restart` ends `etcd-followers` with a shutdown of every process at once, timed,
+//! `--no-restart` ends `etcd-followers` and `etcd-set-followers` with a shutdown of every process at once, timed,
 //! instead of the rolling restart.
 //!
 //! `--without-switchover` builds every election with `switchover_requests(false)` and
@@ -33,8 +35,8 @@
 //!
 //! Every figure is printed and appended to a CSV (`--csv`, default `target/scale.csv`) that
 //! `scripts/plot-scale` draws. Nothing is asserted. Every wait is bounded. Runs of at least
-//! 10,000 etcd elections in one process (`etcd`), and of at least 100,000 campaigns with
-//! followers (`etcd-followers`), also print issue 27's bounds, each `met` or `not met`, from
+//! 10,000 etcd elections in one process (`etcd`), and of at least 100,000 elections with
+//! followers (`etcd-followers`, `etcd-set-followers`), also print issue 27's bounds, each `met` or `not met`, from
 //! the figures of the same run (`bound: …` lines).
 
 #[path = "../tests/support/mod.rs"]
@@ -201,7 +203,9 @@ async fn main() {
         }
     }
     #[cfg(feature = "etcd")]
-    for (name, set) in [("etcd", false), ("etcd-set", true)] {
+    // The set first: its figures are then those of a fresh process, not helped by the memory
+    // the campaigns' sections freed.
+    for (name, set) in [("etcd-set", true), ("etcd", false)] {
         if !wanted(name) {
             continue;
         }
@@ -220,8 +224,10 @@ async fn main() {
         watch_server(None);
     }
     #[cfg(feature = "etcd")]
-    if wanted("etcd-followers") {
-        etcd_followers(&args).await;
+    for (name, set) in [("etcd-followers", false), ("etcd-set-followers", true)] {
+        if wanted(name) {
+            etcd_followers(&args, set).await;
+        }
     }
     #[cfg(feature = "zookeeper")]
     if wanted("zookeeper") {
@@ -479,26 +485,73 @@ async fn one_process<B: Backend>(
     }
 }
 
-/// The elections of [`one_process`]: a campaign each, or one set's members.
+/// The elections of one process: a campaign each, or one set's members (with how they are
+/// named and the candidate id, to tell its followers: the names are made again when needed,
+/// not kept, since their bytes would count per election).
 enum Held {
     Campaigns(Vec<Campaign>),
-    Set(ElectionSet),
+    Set {
+        set: ElectionSet,
+        prefix: String,
+        count: usize,
+        id: String,
+    },
 }
 
 impl Held {
     fn start<B: Backend>(set: bool, count: usize, connect: impl Fn() -> B, ttl: Duration) -> Held {
+        Held::named(set, "scale", count, connect, "bench", ttl)
+    }
+
+    /// Elections `<prefix>/0` to `<prefix>/<count - 1>` as candidate `id`.
+    fn named<B: Backend>(
+        set: bool,
+        prefix: &str,
+        count: usize,
+        connect: impl Fn() -> B,
+        id: &str,
+        ttl: Duration,
+    ) -> Held {
+        let names = (0..count).map(|i| format!("{prefix}/{i}"));
         if set {
-            let set = election(connect(), "scale".into(), "bench", ttl).set();
-            for i in 0..count {
-                set.join(&format!("scale/{i}")).expect("a valid name");
+            let set = election(connect(), prefix.into(), id, ttl).set();
+            for name in names {
+                set.join(&name).expect("a valid name");
             }
-            Held::Set(set)
+            Held::Set {
+                set,
+                prefix: prefix.into(),
+                count,
+                id: id.into(),
+            }
         } else {
             Held::Campaigns(
-                (0..count)
-                    .map(|i| election(connect(), format!("scale/{i}"), "bench", ttl).campaign())
+                names
+                    .map(|name| election(connect(), name, id, ttl).campaign())
                     .collect(),
             )
+        }
+    }
+
+    /// How many lead, and how many follow (a set's member follows once it has seen another
+    /// candidate hold its election).
+    fn roles(&self) -> (usize, usize) {
+        match self {
+            Held::Campaigns(campaigns) => roles(campaigns.iter()),
+            Held::Set {
+                set,
+                prefix,
+                count,
+                id,
+            } => {
+                let followers = (0..*count)
+                    .filter(|i| {
+                        (set.leader(&format!("{prefix}/{i}")))
+                            .is_some_and(|l| l.candidate.id != *id)
+                    })
+                    .count();
+                (set.leading(), followers)
+            }
         }
     }
 
@@ -508,7 +561,7 @@ impl Held {
             Held::Campaigns(campaigns) => {
                 until_roles(campaigns, |leaders, _| leaders == count, STEP_LIMIT).await
             }
-            Held::Set(set) => {
+            Held::Set { set, .. } => {
                 let deadline = Instant::now() + STEP_LIMIT;
                 while set.leading() < count && Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -522,7 +575,7 @@ impl Held {
     async fn stop(self) {
         match self {
             Held::Campaigns(campaigns) => stop_all(campaigns).await,
-            Held::Set(set) => {
+            Held::Set { set, .. } => {
                 let _ = tokio::time::timeout(STEP_LIMIT, set.shutdown()).await;
             }
         }
@@ -792,26 +845,32 @@ fn consul_connect(url: &str) -> incumbent::consul::ConsulBackend {
 
 /// `--processes` backends contend for the same `--count` elections.
 #[cfg(feature = "etcd")]
-async fn etcd_followers(args: &Args) {
+async fn etcd_followers(args: &Args, set: bool) {
     let (p, e) = (args.processes, args.count);
-    println!("\n## etcd-followers: {p} processes x {e} elections, contending (ttl {TTL:?})");
+    let (section, how, each) = if set {
+        (
+            "etcd-set-followers",
+            "an ElectionSet per process",
+            "election",
+        )
+    } else {
+        ("etcd-followers", "a campaign each", "campaign")
+    };
+    println!("\n## {section}: {p} processes x {e} elections, {how}, contending (ttl {TTL:?})");
     let mut server = support::EtcdServer::single().await;
     watch_server(server.process().pid());
     let addr = server.client_addr();
     let endpoints = server.endpoints();
     let cpu_at_start = (cpu_time(), server_cpu_time());
-    let start_one = |backend: incumbent::etcd::EtcdBackend, id: usize| -> Vec<Campaign> {
-        (0..e)
-            .map(|i| {
-                election(
-                    backend.clone(),
-                    format!("contend/{i}"),
-                    &format!("p{id}"),
-                    TTL,
-                )
-                .campaign()
-            })
-            .collect()
+    let start_one = |backend: incumbent::etcd::EtcdBackend, id: usize| -> Held {
+        Held::named(
+            set,
+            "contend",
+            e,
+            || backend.clone(),
+            &format!("p{id}"),
+            TTL,
+        )
     };
     let mut procs = Vec::new();
     let heap_before = LIVE_BYTES.load(Ordering::Relaxed);
@@ -819,8 +878,7 @@ async fn etcd_followers(args: &Args) {
     for id in 0..p {
         procs.push(start_one(etcd_connect(&endpoints).await, id));
     }
-    let all: Vec<&Campaign> = procs.iter().flatten().collect();
-    let settled = settle(&all, e, p * e - e).await;
+    let settled = settle(&procs, e, p * e - e).await;
     let settle_time = start.elapsed();
     println!(
         "  settled in {:.2} s: {settled}; leaders per process: {:?}",
@@ -831,7 +889,7 @@ async fn etcd_followers(args: &Args) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let heap_per = (LIVE_BYTES.load(Ordering::Relaxed) - heap_before) as f64 / (p * e) as f64;
     println!(
-        "  settled: live heap {heap_per:.0} B per campaign, leaders and followers together \
+        "  settled: live heap {heap_per:.0} B per {each}, leaders and followers together \
          (and the backends' connections)"
     );
     print_etcd_gauges(addr).await;
@@ -871,7 +929,7 @@ async fn etcd_followers(args: &Args) {
             .sum::<f64>()
             .max(0.0);
         bound(
-            "every election led, every other campaign following, within 10 s",
+            "every election led, every other candidate following, within 10 s",
             format!("{:.1} s: {settled}", settle_time.as_secs_f64()),
             all_followed && settle_time < Duration::from_secs(10),
         );
@@ -891,9 +949,7 @@ async fn etcd_followers(args: &Args) {
         let cpu_at_stop = (cpu_time(), server_cpu_time());
         let requests_at_stop = store_counters(Store::Etcd(addr)).await;
         let timeline = Timeline::start();
-        let all = procs
-            .into_iter()
-            .map(|campaigns| tokio::spawn(stop_all(campaigns)));
+        let all = procs.into_iter().map(|held| tokio::spawn(held.stop()));
         for process in all.collect::<Vec<_>>() {
             let _ = process.await;
         }
@@ -923,11 +979,10 @@ async fn etcd_followers(args: &Args) {
     let rolling = Instant::now();
     let mut peak_watchers = 0.0f64;
     for id in 0..p {
-        let old = std::mem::take(&mut procs[id]);
-        stop_all(old).await;
+        let old = std::mem::replace(&mut procs[id], Held::Campaigns(Vec::new()));
+        old.stop().await;
         procs[id] = start_one(etcd_connect(&endpoints).await, id);
-        let all: Vec<&Campaign> = procs.iter().flatten().collect();
-        settle(&all, e, p * e - e).await;
+        settle(&procs, e, p * e - e).await;
         let w = etcd_gauges(addr).await;
         peak_watchers = peak_watchers.max(
             w.get("etcd_debugging_mvcc_watcher_total")
@@ -950,18 +1005,22 @@ async fn etcd_followers(args: &Args) {
         leaders_per_process(&procs)
     );
     print_etcd_gauges(addr).await;
-    for campaigns in procs {
-        stop_all(campaigns).await;
+    for held in procs {
+        held.stop().await;
     }
 }
 
-/// Waits until `leaders` lead and `followers` follow (bounded); says how it ended.
+/// Waits until `leaders` lead and `followers` follow (bounded), over every process; says
+/// how it ended.
 #[cfg(any(feature = "etcd", feature = "consul"))]
-async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
+async fn settle(procs: &[Held], leaders: usize, followers: usize) -> String {
     let deadline = Instant::now() + STEP_LIMIT;
     loop {
         let scan = Instant::now();
-        let (l, f) = roles(all.iter().copied());
+        let (l, f) = procs
+            .iter()
+            .map(Held::roles)
+            .fold((0, 0), |(l, f), (a, b)| (l + a, f + b));
         if (l == leaders && f == followers) || Instant::now() > deadline {
             return format!("{l} leaders, {f} followers");
         }
@@ -970,15 +1029,8 @@ async fn settle(all: &[&Campaign], leaders: usize, followers: usize) -> String {
 }
 
 #[cfg(feature = "etcd")]
-fn leaders_per_process(procs: &[Vec<Campaign>]) -> Vec<usize> {
-    procs
-        .iter()
-        .map(|cs| {
-            cs.iter()
-                .filter(|c| c.status().borrow().role == Role::Leader)
-                .count()
-        })
-        .collect()
+fn leaders_per_process(procs: &[Held]) -> Vec<usize> {
+    procs.iter().map(|held| held.roles().0).collect()
 }
 
 /// Two backends contend for `--count` Consul elections: blocking queries held open.
@@ -989,19 +1041,27 @@ async fn consul_followers(args: &Args) {
     let (_agent, addr, _dir) = consul_agent().await;
     let url = format!("http://{addr}");
     let a = consul_connect(&url);
-    let leaders: Vec<Campaign> = (0..e)
-        .map(|i| election(a.clone(), format!("contend/{i}"), "a", CONSUL_TTL).campaign())
-        .collect();
-    let refs: Vec<&Campaign> = leaders.iter().collect();
-    settle(&refs, e, 0).await;
+    let leaders = [Held::named(
+        false,
+        "contend",
+        e,
+        || a.clone(),
+        "a",
+        CONSUL_TTL,
+    )];
+    settle(&leaders, e, 0).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let only_leaders = connections_to(addr);
     let b = consul_connect(&url);
-    let followers: Vec<Campaign> = (0..e)
-        .map(|i| election(b.clone(), format!("contend/{i}"), "b", CONSUL_TTL).campaign())
-        .collect();
-    let refs: Vec<&Campaign> = followers.iter().collect();
-    let state = settle(&refs, 0, e).await;
+    let followers = [Held::named(
+        false,
+        "contend",
+        e,
+        || b.clone(),
+        "b",
+        CONSUL_TTL,
+    )];
+    let state = settle(&followers, 0, e).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let both = connections_to(addr);
     println!(
@@ -1025,8 +1085,9 @@ async fn consul_followers(args: &Args) {
         a.session_ids().len(),
         b.session_ids().len()
     );
-    stop_all(followers).await;
-    stop_all(leaders).await;
+    for held in followers.into_iter().chain(leaders) {
+        held.stop().await;
+    }
 }
 
 /// Returns the allocator's free memory to the system, so that RSS counts what is in use.
