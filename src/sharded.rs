@@ -1238,8 +1238,19 @@ impl Workers {
         if term.is_cancelled() {
             return;
         }
-        let work = (self.worker)(shard, term.clone());
         let exited = self.exited.clone();
+        // The worker's own code runs here, in the task that passes every shard's events on:
+        // a panic in it (before its future) is that worker's failure, not the group's.
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (self.worker)(shard, term.clone())
+        }));
+        let work = match made {
+            Ok(work) => work,
+            Err(panic) => {
+                let message = panic_message(&*panic);
+                Box::pin(async move { Err(format!("panicked: {message}")) })
+            }
+        };
         tokio::spawn(async move {
             let _guard = guard;
             // `must_stop`'s token is made only once the term has ended.

@@ -584,16 +584,17 @@ async fn a_cut_off_members_stuck_workers_are_stopped_before_its_shards_can_move(
     ledger.check();
 }
 
-/// A worker that returns, fails or panics while its shard's term lasts: under the default
-/// policy the shard steps down (`WorkerExited`, `WorkerFailed`) and leads again with a
-/// greater token; under `OnWorkerExit::Stop` it stays down while it is assigned here.
+/// A worker that returns, fails or panics (in its future, or in its own code before it) while
+/// its shard's term lasts: under the default policy the shard steps down (`WorkerExited`,
+/// `WorkerFailed`) and leads again with a greater token, and the other shards go on; under
+/// `OnWorkerExit::Stop` it stays down while it is assigned here.
 #[tokio::test(start_paused = true)]
 async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_follows() {
     use incumbent::OnWorkerExit;
     let store = MemoryBackend::new();
     let start = |id: &str, policy: OnWorkerExit| {
         let runs: Arc<Mutex<BTreeMap<u32, u32>>> = Arc::default();
-        ShardedElection::builder(store.client(), format!("jobs-{id}"), 4)
+        ShardedElection::builder(store.client(), format!("jobs-{id}"), 5)
             .candidate(id)
             .ttl(TTL)
             .backoff(Duration::from_millis(100), Duration::from_secs(1))
@@ -607,8 +608,12 @@ async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_fol
                     *n += 1;
                     *n == 1
                 };
+                // Each shard's first term: shard 3's worker panics before its future, 0
+                // returns, 1 fails, 2 panics; shard 4 works.
+                if shard == 3 && first {
+                    panic!("the worker's own code panicked");
+                }
                 async move {
-                    // Each shard's first term: shard 0 returns, 1 fails, 2 panics.
                     match shard {
                         0 if first => return Ok(()),
                         1 if first => return Err("the job failed"),
@@ -627,9 +632,9 @@ async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_fol
     let mut reasons = BTreeMap::new();
     let mut again = BTreeMap::new();
     timeout(TTL * 4, async {
-        while again.len() < 3 {
+        while again.len() < 4 {
             match events.recv().await.expect("open") {
-                ShardEvent::Elected { shard, term } if shard < 3 => {
+                ShardEvent::Elected { shard, term } if shard < 4 => {
                     if let Some(earlier) = first.get(&shard) {
                         again.insert(shard, (*earlier, term.fencing_token()));
                     } else {
@@ -651,6 +656,7 @@ async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_fol
             (0, DemotionReason::WorkerExited),
             (1, DemotionReason::WorkerFailed),
             (2, DemotionReason::WorkerFailed),
+            (3, DemotionReason::WorkerFailed),
         ])
     );
     for (shard, (earlier, later)) in again {
@@ -665,25 +671,25 @@ async fn a_worker_that_returns_steps_its_shard_down_and_the_policy_says_what_fol
     let mut events = stopping.subscribe();
     let mut reasons = BTreeMap::new();
     timeout(TTL * 4, async {
-        while reasons.len() < 3 {
+        while reasons.len() < 4 {
             if let ShardEvent::Demoted { shard, reason, .. } = events.recv().await.expect("open") {
                 reasons.insert(shard, reason);
             }
         }
     })
     .await
-    .expect("three shards stepped down");
+    .expect("four shards stepped down");
     assert_eq!(reasons[&0], DemotionReason::WorkerExited);
     assert_eq!(reasons[&1], DemotionReason::WorkerFailed);
     tokio::time::sleep(TTL * 2).await;
     let status = stopping.status().borrow().clone();
-    assert_eq!(status.assigned, BTreeSet::from([0, 1, 2, 3]));
+    assert_eq!(status.assigned, BTreeSet::from([0, 1, 2, 3, 4]));
     assert_eq!(
         status.owned(),
-        BTreeSet::from([3]),
+        BTreeSet::from([4]),
         "stopped shards stay down"
     );
-    for k in 0..3 {
+    for k in 0..4 {
         assert_eq!(
             store.holder(&format!("jobs-stopping/{k}")),
             None,
