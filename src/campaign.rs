@@ -2261,7 +2261,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn labels_and(&self, extra: Option<(&'static str, &'static str)>) -> Vec<::metrics::Label> {
-        metrics::election_labels(&self.config, &self.config.name, extra)
+        self.config.metric_labels(&self.config.name, extra)
     }
 
     fn labels(&self, result: &'static str) -> Vec<::metrics::Label> {

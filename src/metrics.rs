@@ -98,30 +98,6 @@ pub const SHARDS_OWNED: &str = "incumbent_shards_owned";
 /// Gauge: the members of a sharded election this process sees.
 pub const SHARD_MEMBERS: &str = "incumbent_shard_members";
 
-/// The labels of one election's metrics: `election`, `candidate` where the election asked for
-/// it (candidate ids often hold a pid: a series per restart), and `extra`, in one allocation
-/// of the right size. They are built at every transition (and dropped at once without a
-/// recorder), 100,000 times over when that many elections start or stop together.
-pub(crate) fn election_labels(
-    config: &crate::config::Config,
-    election: &str,
-    extra: Option<(&'static str, &'static str)>,
-) -> Vec<metrics::Label> {
-    let size = 1 + usize::from(config.candidate_label) + usize::from(extra.is_some());
-    let mut labels = Vec::with_capacity(size);
-    labels.push(metrics::Label::new("election", election.to_owned()));
-    if config.candidate_label {
-        labels.push(metrics::Label::new(
-            "candidate",
-            config.candidate.id.clone(),
-        ));
-    }
-    if let Some((key, value)) = extra {
-        labels.push(metrics::Label::new(key, value));
-    }
-    labels
-}
-
 pub(crate) fn shards_owned(group: &str, owned: usize) {
     metrics::gauge!(SHARDS_OWNED, "group" => group.to_owned()).set(owned as f64);
 }

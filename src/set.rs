@@ -876,7 +876,7 @@ impl<B: Backend> Driver<B> {
         extra: Option<(&'static str, &'static str)>,
     ) -> Vec<::metrics::Label> {
         match self.slots[index].as_ref() {
-            Some(slot) => metrics::election_labels(&self.config, &slot.member.name, extra),
+            Some(slot) => self.config.metric_labels(&slot.member.name, extra),
             None => Vec::new(),
         }
     }
@@ -1085,7 +1085,7 @@ impl<B: Backend> Driver<B> {
         }
         self.shared.leading.fetch_add(1, Ordering::Relaxed);
         let gap = term.gap();
-        let labels = metrics::election_labels(&self.config, &slot.member.name, None);
+        let labels = self.config.metric_labels(&slot.member.name, None);
         ::metrics::counter!(metrics::ELECTIONS_WON, labels.clone()).increment(1);
         ::metrics::gauge!(metrics::IS_LEADER, labels.clone()).set(1.0);
         ::metrics::histogram!(metrics::TIME_TO_LEADER, labels.clone())
