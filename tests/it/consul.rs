@@ -743,3 +743,80 @@ async fn a_campaign_over_https_is_elected_and_a_wrong_ca_is_reported_as_configur
     .expect("a problem");
     assert!(problem.message.contains("TLS"), "{}", problem.message);
 }
+
+/// A sharded group on one agent: 3 members balance 64 shards, then each join of a 4th
+/// balances again, the newcomer leading its part, round after round (separate backends in one
+/// process, as separate processes would be: the agent's per-client connection limit is
+/// raised, as the README says to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_group_balances_at_every_join() {
+    use incumbent::{ShardedElection, ShardedRunner};
+    use std::collections::BTreeMap;
+    let consul = ConsulDev::start_with(&[crate::support::consul::many_connections()]).await;
+    let url = consul.http_url();
+    let start = |group: &str, id: &str| -> ShardedRunner {
+        ShardedElection::builder(backend(&url, None), group, 64)
+            .candidate(id)
+            .ttl(TTL)
+            .grace(Duration::from_secs(1))
+            .max_members(8)
+            .build()
+            .expect("valid settings")
+            .start(|_, term| async move { term.cancelled().await })
+    };
+    /// Waits until every shard has one owner and the owners are balanced; says why not.
+    async fn balanced(members: &[&ShardedRunner], limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut owners: BTreeMap<u32, usize> = BTreeMap::new();
+            let mut counts = Vec::new();
+            for m in members {
+                let owned = m.status().borrow().owned();
+                counts.push(owned.len());
+                for k in owned {
+                    *owners.entry(k).or_default() += 1;
+                }
+            }
+            let per = 64 / members.len();
+            let single = owners.values().all(|&n| n == 1);
+            if owners.len() == 64 && single && counts.iter().all(|&c| c == per || c == per + 1) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let states: Vec<String> = members
+                    .iter()
+                    .map(|m| {
+                        let s = m.status().borrow().clone();
+                        format!(
+                            "registered {}, problem {:?}, assigned {}, owned {}",
+                            s.registered,
+                            s.problem,
+                            s.assigned.len(),
+                            s.owned().len()
+                        )
+                    })
+                    .collect();
+                return Err(states.join("; "));
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for round in 0..3 {
+        let group = format!("sharded{round}");
+        let (a, b, c) = (
+            start(&group, "m1"),
+            start(&group, "m2"),
+            start(&group, "m3"),
+        );
+        balanced(&[&a, &b, &c], Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: three members: {e}"));
+        let d = start(&group, "m4");
+        balanced(&[&a, &b, &c, &d], Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: after a join: {e}"));
+        for m in [a, b, c, d] {
+            m.shutdown().await.expect("shutdown");
+        }
+    }
+}

@@ -10,6 +10,13 @@ use super::net::{free_addr, free_port};
 use super::process::{Probe, ServerProcess, start_with_retries};
 
 /// A `consul agent -dev` with every port on a free loopback port, killed on drop.
+/// The agent argument that raises its per-client connection limit (200 by default) for
+/// tests whose processes all connect from 127.0.0.1: the agent counts them as one client,
+/// and each of their elections waiting or holding has a blocking query (a connection) open.
+pub fn many_connections() -> String {
+    "-hcl=limits { http_max_conns_per_client = 4096 }".to_owned()
+}
+
 pub struct ConsulDev {
     process: ServerProcess,
     http: SocketAddr,
@@ -20,11 +27,16 @@ pub struct ConsulDev {
 impl ConsulDev {
     /// Starts the agent and waits until it has elected itself leader.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// [`start`](Self::start), with `extra` arguments for the agent (`-hcl=…`).
+    pub async fn start_with(extra: &[String]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("incumbent-consul-")
             .tempdir()
             .expect("create consul temp dir");
-        let (process, http) = spawn_dev("consul", dir.path(), &[]).await;
+        let (process, http) = spawn_dev("consul", dir.path(), extra).await;
         ConsulDev {
             process,
             http,

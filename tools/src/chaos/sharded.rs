@@ -647,7 +647,12 @@ pub async fn start_store(name: &str) -> Result<StartedStore, String> {
             (Box::new(s), url)
         }
         "consul" => {
-            let s = consul::ConsulDev::start().await;
+            // The members are processes on 127.0.0.1: the agent counts their connections as
+            // one client's, and each shard a member waits for or holds keeps a blocking query
+            // open. At the default limit (200) a join's churn could exceed it, and the agent
+            // closed connections without an answer: one run's join left 2 shards unheld for
+            // 50 s while their member backed off (RELIABILITY.md, "Runs of 2026-11-29").
+            let s = consul::ConsulDev::start_with(&[consul::many_connections()]).await;
             let url = format!("consul://{}", s.http_addr());
             (Box::new(s), url)
         }
