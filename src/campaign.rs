@@ -1994,7 +1994,7 @@ impl<B: Backend> Engine<B> {
                 stop_by.unwrap_or_else(|| last_safe(health.borrow().confirmed_sent_at, ttl));
             tokio::select! {
                 biased;
-                _ = guards.recv() => return true,
+                () = guards.all_gone() => return true,
                 () = sleep_until(grace_ends) => return false,
                 () = sleep_until(safe_until), if halted.is_none() => {
                     term.halt(safe_until);
@@ -2273,8 +2273,6 @@ impl<B: Backend> Engine<B> {
 /// waits for the target of its hand-over to take office.
 const GATE_RECHECK: Duration = Duration::from_millis(5);
 
-/// The holder of `name`, read once with a fresh observer after `after`; `None` when nobody
-/// holds it or the read failed.
 /// When the work of a term that ended for `reason` must have stopped (see
 /// [`Term::stop_by`]); `confirmed`: when the session's last confirmed renewal was sent.
 pub(crate) fn stop_by(
@@ -2316,6 +2314,8 @@ pub(crate) async fn open_within<B: Backend>(
         })
 }
 
+/// The holder of `name`, read once with a fresh observer after `after`; `None` when nobody
+/// holds it or the read failed.
 async fn read_leader<B: Backend>(backend: &B, name: &str, after: Duration) -> Option<Leader> {
     sleep(after).await;
     let mut observer = backend.observe(name).await.ok()?;

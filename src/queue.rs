@@ -39,8 +39,8 @@ struct QueueState<T> {
     /// Items dropped by [`QueueSender::send_bounded`].
     dropped: u64,
     /// How many senders are left: a `u32`, so that with `receiver` it packs into 8 bytes,
-    /// and a queue's shared state fits a smaller size class (a term's guard queue is one per
-    /// leading election).
+    /// and a queue's shared state fits a smaller size class (a campaign's event queues are
+    /// one per election).
     senders: u32,
     receiver: bool,
     waker: Option<std::task::Waker>,

@@ -239,9 +239,10 @@ impl SetShared {
     /// Whether a join asked for `member` again while it was leaving: then it stays, no longer
     /// leaving. If not, it is taken out of the members, under the same lock as a join's look
     /// for it, so that a join never finds (and counts on) a member that is going.
-    fn rejoin_or_forget(&self, member: &Arc<Member>) -> bool {
+    /// Once the set is stopping (`may_rejoin` false), the member goes whatever was asked.
+    fn rejoin_or_forget(&self, member: &Arc<Member>, may_rejoin: bool) -> bool {
         let mut members = lock(&self.members);
-        {
+        if may_rejoin {
             let mut state = lock(&member.state);
             if std::mem::take(&mut state.rejoin) {
                 state.leaving = false;
@@ -259,13 +260,7 @@ impl SetShared {
 
     /// Takes `member` out of the members, unless a later join of its name took its place.
     fn forget(&self, member: &Arc<Member>) {
-        let mut members = lock(&self.members);
-        if members
-            .get(&*member.name)
-            .is_some_and(|m| Arc::ptr_eq(&m.0, member))
-        {
-            members.remove(&*member.name);
-        }
+        self.rejoin_or_forget(member, false);
     }
 }
 
@@ -866,19 +861,8 @@ impl<B: Backend> Driver<B> {
             state.term = None;
             state.leader = None;
         }
-        ::metrics::gauge!(metrics::IS_LEADER, self.labels(index, None)).set(0.0);
-    }
-
-    /// The labels of the metrics of slot `index`'s election (none once it is gone).
-    fn labels(
-        &self,
-        index: usize,
-        extra: Option<(&'static str, &'static str)>,
-    ) -> Vec<::metrics::Label> {
-        match self.slots[index].as_ref() {
-            Some(slot) => self.config.metric_labels(&slot.member.name, extra),
-            None => Vec::new(),
-        }
+        let labels = self.config.metric_labels(&slot.member.name, None);
+        ::metrics::gauge!(metrics::IS_LEADER, labels).set(0.0);
     }
 
     /// Tells the subscribers that the term of slot `index` ended.
@@ -886,11 +870,9 @@ impl<B: Backend> Driver<B> {
         let Some(slot) = self.slots[index].as_ref() else {
             return;
         };
-        ::metrics::counter!(
-            metrics::DEMOTIONS,
-            self.labels(index, Some(("reason", reason.as_str())))
-        )
-        .increment(1);
+        let labels =
+            (self.config).metric_labels(&slot.member.name, Some(("reason", reason.as_str())));
+        ::metrics::counter!(metrics::DEMOTIONS, labels).increment(1);
         self.shared.events.send(&SetEvent {
             election: slot.member.name.clone(),
             event: LeadershipEvent::Demoted {
@@ -929,16 +911,14 @@ impl<B: Backend> Driver<B> {
                     Some(Err(_)) => Some("error"),
                     None => None,
                 };
-                if let Some(result) = result {
-                    ::metrics::counter!(
-                        metrics::CAMPAIGN_ATTEMPTS,
-                        self.labels(index, Some(("result", result)))
-                    )
-                    .increment(1);
-                }
                 let Some(slot) = self.slots[index].as_mut() else {
                     return;
                 };
+                if let Some(result) = result {
+                    let labels =
+                        (self.config).metric_labels(&slot.member.name, Some(("result", result)));
+                    ::metrics::counter!(metrics::CAMPAIGN_ATTEMPTS, labels).increment(1);
+                }
                 match attempt {
                     Some(Ok(Attempt::Won { fencing_token })) => {
                         self.won(index, fencing_token, free_since)
@@ -1213,8 +1193,7 @@ impl<B: Backend> Driver<B> {
         self.steps.push(Box::pin(async move {
             if let (Some(mut guards), Some(term)) = (guards, ending) {
                 let until = lapse.map_or(Instant::now() + grace, |l| l.min(Instant::now() + grace));
-                let all_gone = async { while guards.recv().await.is_some() {} };
-                if timeout_at(until, all_gone).await.is_err() {
+                if timeout_at(until, guards.all_gone()).await.is_err() {
                     term.halt(until);
                 }
             }
@@ -1238,7 +1217,7 @@ impl<B: Backend> Driver<B> {
         let Some(slot) = self.slots[index].as_ref() else {
             return false;
         };
-        let rejoined = self.stopping.is_none() && self.shared.rejoin_or_forget(&slot.member);
+        let rejoined = (self.shared).rejoin_or_forget(&slot.member, self.stopping.is_none());
         if !rejoined {
             self.finish(index);
             return false;
@@ -1249,14 +1228,14 @@ impl<B: Backend> Driver<B> {
         true
     }
 
-    /// The member of slot `index` is gone: its slot is freed and whoever waits is told.
+    /// The member of slot `index` is gone (and out of the members: [`left`](Self::left)):
+    /// its slot is freed and whoever waits is told.
     fn finish(&mut self, index: usize) {
-        let Some(slot) = self.slots[index].take() else {
+        if self.slots[index].take().is_none() {
             return;
-        };
+        }
         self.free.push(index);
         self.live -= 1;
-        self.shared.forget(&slot.member);
         for waiter in self.leaves.remove(&index).into_iter().flatten() {
             let _ = waiter.send(());
         }

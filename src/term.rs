@@ -183,13 +183,13 @@ pub(crate) struct Guards {
 }
 
 impl Guards {
-    /// Completes (with `None`, as a closed queue would) once the term has ended and every
-    /// guard is dropped; never before the term ends.
-    pub(crate) fn recv(&mut self) -> impl std::future::Future<Output = Option<()>> + '_ {
+    /// Completes once the term has ended and every guard is dropped; never before the term
+    /// ends.
+    pub(crate) fn all_gone(&mut self) -> impl std::future::Future<Output = ()> + '_ {
         std::future::poll_fn(|cx| {
             self.inner.guards_gone.register(cx.waker());
             if self.inner.holds.load(Ordering::Acquire) == 0 {
-                std::task::Poll::Ready(None)
+                std::task::Poll::Ready(())
             } else {
                 std::task::Poll::Pending
             }
